@@ -1,0 +1,27 @@
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: test demo lint histories clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+test: $(STAMP) lint
+	$(VENV)/bin/pytest -q
+
+demo: $(STAMP)
+	$(VENV)/bin/gpuheal demo
+
+# Re-record tests/histories/ from the dev server (the replay tests read them).
+histories: $(STAMP)
+	$(PY) -m tests.workflows.record_histories
+
+clean:
+	rm -rf $(VENV) .gpuheal
