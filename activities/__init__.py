@@ -1,0 +1,1 @@
+"""Side effects, one module per external system. Each verifies its effect and is idempotent."""

@@ -1,0 +1,234 @@
+"""Activity names and their request/result models: what workflows import (never implementations)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from policies.findings import Finding
+from policies.model import Attribution, GuardPolicy
+
+# Names are stable strings: histories record them, so renaming one breaks replay.
+KUBE_QUARANTINE = "kube.quarantine"
+KUBE_RETURN_TO_SERVICE = "kube.return_to_service"
+KUBE_ATTRIBUTE_PODS = "kube.attribute_pods"
+KUBE_DRAIN = "kube.drain"
+KUBE_EVENT = "kube.event"
+KUBE_FLEET_SIZE = "kube.fleet_size"
+CLOUD_REBOOT = "cloud.reboot"
+CLOUD_REPLACE = "cloud.replace"
+CLOUD_BOOT_ID = "cloud.boot_id"
+NODE_KILL = "node.kill_gpu_processes"
+NODE_RESET = "node.reset_gpu"
+NODE_VALIDATE = "node.validate"
+NODE_BOOT_ID = "node.boot_id"
+LEDGER_RECORD = "ledger.record"
+LEDGER_COUNT_RECENT = "ledger.count_recent"
+LEDGER_DENYLIST = "ledger.denylist"
+LEDGER_CHECK_DENIED = "ledger.check_denied"
+GUARD_SIGNAL = "guard.signal"
+GUARD_LIVE_HOLDERS = "guard.live_holders"
+
+QUARANTINE_TAINT = "gpuheal.io/quarantine"
+UNVALIDATED_TAINT = "gpuheal.io/unvalidated"
+CONDITION_TYPE = "GpuHealthy"
+
+
+def node_task_queue(node: str) -> str:
+    """The agent on each node serves node-local activities on its own queue."""
+    return f"node/{node}"
+
+
+class _Request(BaseModel):
+    node: str
+    dry_run: bool = Field(default=False, description="Record what would be done; change nothing.")
+
+
+# --- kube ---------------------------------------------------------------------------------------
+class QuarantineRequest(_Request):
+    fault_class: str
+    reason: str
+    taint_key: str = QUARANTINE_TAINT
+
+
+class QuarantineResult(BaseModel):
+    node: str
+    changed: bool = Field(description="False when the node was already cordoned and tainted (a retry).")
+    cordoned_at: datetime = Field(description="Wall clock when the cordon was verified.")
+    dry_run: bool = False
+
+
+class ReturnToServiceRequest(_Request):
+    reason: str
+    taint_keys: list[str] = Field(default_factory=lambda: [QUARANTINE_TAINT])
+
+
+class ReturnToServiceResult(BaseModel):
+    node: str
+    changed: bool
+    dry_run: bool = False
+
+
+class AttributePodsRequest(_Request):
+    attribution: Attribution
+    fault: str
+    gpus: list[int] = Field(default_factory=list, description="Only pods on these GPUs when known; empty: all GPU pods.")
+    episode: str
+
+
+class AttributePodsResult(BaseModel):
+    pods: list[str] = Field(default_factory=list, description="namespace/name of each annotated pod.")
+
+
+class DrainRequest(_Request):
+    episode: str
+    checkpoint_grace_s: float
+    deadline_s: float
+    timeout_action: Literal["escalate", "wait", "force"] = "escalate"
+    allow_force: bool = False
+    pod_grace_seconds: int = 30
+
+
+class DrainResult(BaseModel):
+    evicted: list[str] = Field(default_factory=list)
+    forced: list[str] = Field(default_factory=list)
+    remaining: list[str] = Field(default_factory=list, description="Pods still there at the deadline (escalate).")
+    pdb_blocked: int = Field(default=0, description="Eviction attempts answered 429 by a PodDisruptionBudget.")
+    timed_out: bool = False
+    dry_run: bool = False
+
+
+class EventRequest(_Request):
+    reason: str
+    message: str
+    type: Literal["Normal", "Warning"] = "Normal"
+
+
+# --- cloud --------------------------------------------------------------------------------------
+class RebootRequest(_Request):
+    idempotency_key: str = Field(description="One reboot per key, however often the activity is retried.")
+
+
+class RebootResult(BaseModel):
+    instance_id: str
+    rebooted: bool = Field(description="False when this key's reboot had already been sent.")
+    dry_run: bool = False
+
+
+class ReplaceRequest(_Request):
+    idempotency_key: str
+    mode: Literal["auto", "ec2", "karpenter"] = "auto"
+    ownership_tag: str = "gpuheal.io/managed=true"
+
+
+class ReplaceResult(BaseModel):
+    instance_id: str
+    action: Literal["asg", "ec2", "karpenter", "already_terminated", "dry_run"]
+
+
+# --- node-local ---------------------------------------------------------------------------------
+class GpuProcess(BaseModel):
+    pid: int
+    gpu_index: int
+    pod: str | None = Field(default=None, description="namespace/name from the process's cgroup, when in a pod.")
+    used_memory_bytes: int | None = None
+
+
+class KillRequest(_Request):
+    gpus: list[int] = Field(default_factory=list, description="Empty: every GPU.")
+    grace_s: float = 10.0
+
+
+class KillResult(BaseModel):
+    killed: list[GpuProcess] = Field(default_factory=list)
+    dry_run: bool = False
+
+
+class ResetRequest(_Request):
+    gpus: list[int] = Field(default_factory=list, description="Empty: every GPU.")
+
+
+class ResetResult(BaseModel):
+    reset: list[int] = Field(default_factory=list)
+    dry_run: bool = False
+
+
+class ValidateRequest(_Request):
+    dcgm_level: int = 2
+    dcgm_required: bool = False
+    expected_gpus: int | None = None
+
+
+class ValidationResult(BaseModel):
+    passed: bool
+    findings: list[Finding] = Field(default_factory=list)
+    checks: list[str] = Field(default_factory=list, description="What ran: nvml, kmsg, nics, dcgm-r2 ...")
+    boot_id: str | None = None
+
+
+class BootIdRequest(_Request):
+    pass
+
+
+# --- ledger -------------------------------------------------------------------------------------
+class RemediationRecord(BaseModel):
+    node: str
+    episode: str = Field(description="workflow id / first run id: the record's idempotency key.")
+    hardware_ids: list[str]
+    fault_class: str | None
+    attribution: Attribution | None
+    rungs: list[str]
+    outcome: str
+    started_at: datetime
+    ended_at: datetime
+
+
+class CountRecentRequest(BaseModel):
+    hardware_ids: list[str]
+    window_s: float
+    exclude_episode: str | None = None
+
+
+class DenylistRequest(BaseModel):
+    hardware_ids: list[str]
+    node: str
+    reason: str
+
+
+class DenylistResult(BaseModel):
+    added: list[str] = Field(default_factory=list, description="Ids newly denied (others were already).")
+
+
+class CheckDeniedRequest(BaseModel):
+    hardware_ids: list[str]
+
+
+class CheckDeniedResult(BaseModel):
+    denied: dict[str, str] = Field(default_factory=dict, description="id -> reason it was denied.")
+
+
+# --- fleet guard --------------------------------------------------------------------------------
+class LeaseRequest(BaseModel):
+    cluster: str
+    holder: str = Field(description="Workflow id of the requester; the grant is signalled to it.")
+    node: str
+
+
+class GuardSignalRequest(BaseModel):
+    """Signal-with-start to `fleet-guard/<cluster>`: the guard is started on first need."""
+
+    cluster: str
+    guard: GuardPolicy = Field(default_factory=GuardPolicy, description="The guard's limits, if it must be started.")
+    task_queue: str = "gpuheal"
+    signal: str
+    payload: dict[str, Any]
+
+
+class LiveHoldersRequest(BaseModel):
+    holders: list[str]
+
+
+class LiveHoldersResult(BaseModel):
+    running: list[str]

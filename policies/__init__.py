@@ -1,0 +1,1 @@
+"""Pure policy data and validation: the Xid catalog, classification, the ladder and guard limits."""

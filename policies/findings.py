@@ -1,0 +1,111 @@
+"""Health findings and the health report: the one format every detector sends to a node's workflow."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class FindingKind(StrEnum):
+    XID = "xid"
+    ECC_DBE = "ecc_dbe"
+    ROW_REMAP_FAILURE = "row_remap_failure"
+    ROW_REMAP_PENDING = "row_remap_pending"
+    RETIRED_PAGES_PENDING = "retired_pages_pending"
+    GPU_LOST = "gpu_lost"
+    GPU_COUNT_MISMATCH = "gpu_count_mismatch"
+    PCIE_DEGRADED = "pcie_degraded"
+    NVLINK_DOWN = "nvlink_down"
+    NIC_PORTS_DOWN = "nic_ports_down"
+    THERMAL = "thermal"
+    PROBE_BROKEN = "probe_broken"
+    RECOVERY_ACTION = "recovery_action"
+    NODE_CONDITION = "node_condition"
+
+
+class RecoveryAction(StrEnum):
+    """NVML_GPU_RECOVERY_ACTION_* (Xid 154 and NVML field 230), by name."""
+
+    NONE = "NONE"
+    GPU_RESET = "GPU_RESET"
+    NODE_REBOOT = "NODE_REBOOT"
+    DRAIN_P2P = "DRAIN_P2P"
+    DRAIN_AND_RESET = "DRAIN_AND_RESET"
+    RECOVER_IMEX_DOMAIN = "RECOVER_IMEX_DOMAIN"
+    BUS_RESET = "BUS_RESET"
+    SYSTEM_REBOOT = "SYSTEM_REBOOT"
+
+
+# NVML's numeric values, in order (gpu-faults.md section 1).
+RECOVERY_ACTION_BY_CODE = dict(enumerate(RecoveryAction))
+
+
+class Finding(BaseModel):
+    """One fault a probe found. GPU fields are null for node-wide findings (NICs, probes)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: FindingKind
+    xid: int | None = Field(default=None, ge=0, le=100000)
+    gpu_index: int | None = Field(default=None, ge=0, le=1023)
+    uuid: str | None = Field(default=None, max_length=128)
+    serial: str | None = Field(default=None, max_length=128)
+    pci: str | None = Field(default=None, max_length=64)
+    recovery_action: RecoveryAction | None = None
+    fatal: bool | None = Field(default=None, description="From NVLink5 subcodes (Fatal/Nonfatal) or the probe.")
+    message: str = Field(default="", max_length=2000)
+
+    def label(self) -> str:
+        """Short human text: "Xid 79 on GPU 2"."""
+        what = f"Xid {self.xid}" if self.xid is not None else self.kind.value
+        if self.kind is FindingKind.RECOVERY_ACTION and self.recovery_action:
+            what = f"recovery action {self.recovery_action.value}"
+        return f"{what} on GPU {self.gpu_index}" if self.gpu_index is not None else what
+
+
+class GpuIds(BaseModel):
+    """A GPU's immutable hardware ids, what the denylist keys on."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    index: int = Field(ge=0, le=1023)
+    uuid: str = Field(min_length=1, max_length=128)
+    serial: str | None = Field(default=None, max_length=128)
+    pci: str | None = Field(default=None, max_length=64)
+
+
+MAX_FINDINGS = 512
+
+
+class HealthReport(BaseModel):
+    """What a detector signals to `remediate/<node>`. No findings means the node is healthy."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    node: str = Field(min_length=1, max_length=253)
+    boot_id: str = Field(min_length=1, max_length=64)
+    seq: int = Field(ge=0, description="Monotonic per boot id: a lower one than seen is stale.")
+    source: str = Field(default="agent", max_length=64, description="agent, watcher, manual, ...")
+    agent_version: str = Field(default="", max_length=64)
+    detected_at: datetime | None = Field(default=None, description="Wall clock of the detector.")
+    instance_host_id: str | None = Field(default=None, max_length=128)
+    gpus: list[GpuIds] = Field(default_factory=list, max_length=1024)
+    findings: list[Finding] = Field(default_factory=list, max_length=MAX_FINDINGS)
+
+    @property
+    def healthy(self) -> bool:
+        return not self.findings
+
+    def hardware_ids(self) -> list[str]:
+        """Every immutable id in the report (GPU UUIDs and serials, the instance host id), sorted."""
+        ids = {g.uuid for g in self.gpus} | {g.serial for g in self.gpus if g.serial}
+        ids |= {f.uuid for f in self.findings if f.uuid} | {f.serial for f in self.findings if f.serial}
+        if self.instance_host_id:
+            ids.add(self.instance_host_id)
+        return sorted(ids)
+
+    def fingerprint(self) -> tuple:
+        """What a duplicate shares: same findings regardless of order."""
+        return tuple(sorted(f.model_dump_json() for f in self.findings))

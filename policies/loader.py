@@ -1,0 +1,82 @@
+"""Loading policy files and the pinned Xid catalog, with errors that name the bad key."""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from policies.model import Policy, XidRule
+
+
+class PolicyError(ValueError):
+    """A policy file that cannot be used; `problems` lists "key.path: why" lines."""
+
+    def __init__(self, source: str, problems: list[str]):
+        self.source = source
+        self.problems = problems
+        super().__init__(f"{source}: " + "; ".join(problems))
+
+
+def describe_validation_error(err: ValidationError, prefix: str = "") -> list[str]:
+    """pydantic errors as "key.path: why" lines."""
+    lines = []
+    for e in err.errors():
+        path = ".".join(str(p) for p in (*([prefix] if prefix else []), *e["loc"]))
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        elif e["type"] == "missing":
+            msg = "required key is missing"
+        lines.append(f"{path or '(top level)'}: {msg}")
+    return lines
+
+
+def load_catalog() -> tuple[str, dict[int, XidRule]]:
+    """The pinned Xid catalog shipped in policies/xid_catalog.yaml."""
+    text = resources.files("policies").joinpath("xid_catalog.yaml").read_text()
+    data = yaml.safe_load(text)
+    return data["version"], {int(code): XidRule.model_validate(rule) for code, rule in data["xids"].items()}
+
+
+def policy_from_mapping(data: Any, source: str = "policy") -> Policy:
+    """Validate a parsed policy document and fill in the pinned catalog."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise PolicyError(source, ["(top level): must be a mapping of keys"])
+    for key in ("xids", "xid_catalog_version"):
+        if key in data:
+            raise PolicyError(source, [f"{key}: the catalog is pinned; change entries with xid_overrides"])
+    try:
+        policy = Policy.model_validate(data)
+    except ValidationError as err:
+        raise PolicyError(source, describe_validation_error(err)) from None
+    version, xids = load_catalog()
+    unknown = [f"xid_overrides.{c}: no such Xid in the catalog" for c in policy.xid_overrides if c not in xids]
+    for gen, overrides in policy.generation_overrides.items():
+        unknown += [f"generation_overrides.{gen.value}.{c}: no such Xid in the catalog" for c in overrides if c not in xids]
+    if unknown:
+        raise PolicyError(source, unknown)
+    return policy.model_copy(update={"xids": xids, "xid_catalog_version": version})
+
+
+def default_policy() -> Policy:
+    return policy_from_mapping({}, "default")
+
+
+def load_policy(path: str | Path) -> Policy:
+    """Load a YAML policy file; "default" gives the built-in policy."""
+    if str(path) == "default":
+        return default_policy()
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text())
+    except OSError as err:
+        raise PolicyError(str(p), [f"(file): cannot read: {err.strerror}"]) from None
+    except yaml.YAMLError as err:
+        raise PolicyError(str(p), [f"(file): not valid YAML: {err}"]) from None
+    return policy_from_mapping(data, str(p))

@@ -1,0 +1,222 @@
+"""Stand-in activities with the real names, modelling nodes: what cures them, whether they come back.
+
+The workflow tests check the workflow's decisions; the real activities have their own tests against
+the fake API server and moto.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from temporalio import activity
+from temporalio.client import Client
+from temporalio.service import RPCError
+from temporalio.worker import Worker
+
+from activities import contracts as c
+from activities.guard import GuardActivities
+from policies.findings import Finding, GpuIds, HealthReport
+from policies.model import Policy
+from workers.reporting import send_report
+from workflows.fleet_guard import FleetGuard, guard_workflow_id
+from workflows.node_remediation import NodeRemediation
+
+RUNG_ORDER = {"kill": 0, "reset": 1, "reboot": 2, "replace": 3, "none": 99}
+
+
+@dataclass
+class FakeNode:
+    name: str
+    findings: list[Finding]
+    cured_by: str = "reboot"  # the lowest rung that clears the fault, or "none"
+    reboot_returns: bool = True
+    recurs: int = 0  # faults coming back after return to service
+    gpus: int = 8
+    faulty: bool = True
+    boot: int = 0
+    seq: int = 0
+    cordoned: bool = False
+    calls: list[str] = field(default_factory=list)
+    hold: asyncio.Event | None = None  # drain waits on it when set (tests steer timing)
+
+    def ids(self) -> list[GpuIds]:
+        return [GpuIds(index=i, uuid=f"GPU-{self.name}-{i}", serial=f"SN-{self.name}-{i // 2}") for i in range(self.gpus)]
+
+    def report(self, healthy: bool | None = None) -> HealthReport:
+        self.seq += 1
+        healthy = (not self.faulty) if healthy is None else healthy
+        return HealthReport(node=self.name, boot_id=f"boot-{self.name}-{self.boot}", seq=self.seq,
+                            gpus=self.ids(), findings=[] if healthy else self.findings,
+                            detected_at=datetime.now(UTC))
+
+    def apply(self, rung: str) -> None:
+        if self.faulty and RUNG_ORDER[rung] >= RUNG_ORDER[self.cured_by]:
+            self.faulty = False
+
+
+@dataclass
+class FakeFleet:
+    client: Client
+    task_queue: str
+    policy: Policy
+    cluster: str
+    nodes: dict[str, FakeNode] = field(default_factory=dict)
+    disruptive_now: set[str] = field(default_factory=set)
+    max_disruptive: int = 0
+    denylist: dict[str, str] = field(default_factory=dict)
+    records: list[c.RemediationRecord] = field(default_factory=list)
+    transient_failures: dict[str, int] = field(default_factory=dict)  # activity name -> failures left
+    act_delay: float = 0.0
+    history_limit: int | None = None
+
+    def add(self, node: FakeNode) -> FakeNode:
+        self.nodes[node.name] = node
+        return node
+
+    async def report(self, name: str, **kw):
+        return await send_report(self.client, self.nodes[name].report(**kw), node=name, policy=self.policy,
+                                 cluster=self.cluster, task_queue=self.task_queue,
+                                 history_limit=self.history_limit)
+
+    async def send_raw(self, name: str, raw) -> None:
+        await self.client.get_workflow_handle(f"remediate/{name}").signal("report", raw)
+
+    def _node(self, req) -> FakeNode:
+        n = self.nodes[req.node]
+        kind = activity.info().activity_type
+        n.calls.append(kind)
+        left = self.transient_failures.get(kind, 0)
+        if left:
+            self.transient_failures[kind] = left - 1
+            raise RuntimeError(f"injected transient failure of {kind}")
+        return n
+
+    def _leave_disruption(self, name: str) -> None:
+        self.disruptive_now.discard(name)
+
+    # --- kube ----------------------------------------------------------------------------------
+    @activity.defn(name=c.KUBE_QUARANTINE)
+    async def quarantine(self, req: c.QuarantineRequest) -> c.QuarantineResult:
+        n = self._node(req)
+        changed, n.cordoned = not n.cordoned, True
+        return c.QuarantineResult(node=n.name, changed=changed, cordoned_at=datetime.now(UTC))
+
+    @activity.defn(name=c.KUBE_RETURN_TO_SERVICE)
+    async def return_to_service(self, req: c.ReturnToServiceRequest) -> c.ReturnToServiceResult:
+        n = self._node(req)
+        n.cordoned = False
+        self._leave_disruption(n.name)
+        if n.recurs > 0:
+            # Sent before the activity completes: on the time-skipping server, probation's timer
+            # would otherwise fire before a report sent later arrives.
+            n.recurs -= 1
+            n.faulty = True
+            await self.report(n.name)
+        return c.ReturnToServiceResult(node=n.name, changed=True)
+
+    @activity.defn(name=c.KUBE_ATTRIBUTE_PODS)
+    async def attribute_pods(self, req: c.AttributePodsRequest) -> c.AttributePodsResult:
+        self._node(req)
+        return c.AttributePodsResult(pods=[f"default/job-on-{req.node}"])
+
+    @activity.defn(name=c.KUBE_DRAIN)
+    async def drain(self, req: c.DrainRequest) -> c.DrainResult:
+        n = self._node(req)
+        self.disruptive_now.add(n.name)
+        self.max_disruptive = max(self.max_disruptive, len(self.disruptive_now))
+        if n.hold is not None:
+            await n.hold.wait()
+        return c.DrainResult(evicted=[f"default/job-on-{n.name}"])
+
+    # --- cloud ---------------------------------------------------------------------------------
+    @activity.defn(name=c.CLOUD_REBOOT)
+    async def reboot(self, req: c.RebootRequest) -> c.RebootResult:
+        n = self._node(req)
+        await asyncio.sleep(self.act_delay)
+        n.apply("reboot")
+        if n.reboot_returns:
+            n.boot += 1
+            n.seq = 0
+            await self.report(n.name)  # the agent's first report from the new boot
+        return c.RebootResult(instance_id=f"i-{n.name}", rebooted=True)
+
+    @activity.defn(name=c.CLOUD_REPLACE)
+    async def replace(self, req: c.ReplaceRequest) -> c.ReplaceResult:
+        n = self._node(req)
+        self._leave_disruption(n.name)
+        return c.ReplaceResult(instance_id=f"i-{n.name}", action="ec2")
+
+    # --- node-local ----------------------------------------------------------------------------
+    @activity.defn(name=c.NODE_KILL)
+    async def kill(self, req: c.KillRequest) -> c.KillResult:
+        n = self._node(req)
+        n.apply("kill")
+        return c.KillResult()
+
+    @activity.defn(name=c.NODE_RESET)
+    async def reset(self, req: c.ResetRequest) -> c.ResetResult:
+        n = self._node(req)
+        await asyncio.sleep(self.act_delay)
+        n.apply("reset")
+        return c.ResetResult(reset=req.gpus)
+
+    @activity.defn(name=c.NODE_VALIDATE)
+    async def validate(self, req: c.ValidateRequest) -> c.ValidationResult:
+        n = self._node(req)
+        return c.ValidationResult(passed=not n.faulty, findings=n.findings if n.faulty else [], checks=["fake"])
+
+    # --- ledger --------------------------------------------------------------------------------
+    @activity.defn(name=c.LEDGER_RECORD)
+    async def record(self, rec: c.RemediationRecord) -> None:
+        if all(r.episode != rec.episode for r in self.records):
+            self.records.append(rec)
+
+    @activity.defn(name=c.LEDGER_COUNT_RECENT)
+    async def count_recent(self, req: c.CountRecentRequest) -> int:
+        ids = set(req.hardware_ids)
+        return sum(1 for r in self.records if ids & set(r.hardware_ids) and r.episode != req.exclude_episode)
+
+    @activity.defn(name=c.LEDGER_DENYLIST)
+    async def denylist_add(self, req: c.DenylistRequest) -> c.DenylistResult:
+        added = [i for i in req.hardware_ids if i not in self.denylist]
+        self.denylist.update({i: req.reason for i in added})
+        return c.DenylistResult(added=added)
+
+    def activities(self) -> list:
+        guard = GuardActivities(self.client)
+        return [self.quarantine, self.return_to_service, self.attribute_pods, self.drain, self.reboot,
+                self.replace, self.kill, self.reset, self.validate, self.record, self.count_recent,
+                self.denylist_add, guard.signal_guard, guard.live_holders]
+
+    @contextlib.asynccontextmanager
+    async def workers(self):
+        """The controller's worker plus one per node queue (what each node's agent would serve)."""
+        queues = [self.task_queue, *(c.node_task_queue(n) for n in self.nodes)]
+        ws = [Worker(self.client, task_queue=q, workflows=[NodeRemediation, FleetGuard] if q == self.task_queue else [],
+                     activities=self.activities()) for q in queues]
+        async with contextlib.AsyncExitStack() as stack:
+            for w in ws:
+                await stack.enter_async_context(w)
+            try:
+                yield
+            finally:
+                await self.stop_guard()
+
+    async def stop_guard(self) -> None:
+        """The guard runs forever; left behind without its worker it would stall the time-skipping
+        server (a workflow task nobody polls keeps time from skipping for every later test)."""
+        handle = self.client.get_workflow_handle(guard_workflow_id(self.cluster))
+        with contextlib.suppress(RPCError):
+            # Terminating mid workflow task leaks the test server's time lock: wait for it to idle.
+            for _ in range(100):
+                if not (await handle.describe()).raw_description.HasField("pending_workflow_task"):
+                    break
+                await asyncio.sleep(0.05)
+            await handle.terminate("test over")
+
+
+def xid(code: int, gpu: int = 2) -> Finding:
+    return Finding(kind="xid", xid=code, gpu_index=gpu, pci="0000:91:00", message=f"Xid {code}")

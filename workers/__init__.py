@@ -1,0 +1,1 @@
+"""Processes: the controller, the node agent, and the gpuheal command line."""

@@ -1,0 +1,41 @@
+"""Sending a health report: signal-with-start of `remediate/<node>`, one path for every detector."""
+
+from __future__ import annotations
+
+from temporalio.client import Client, WorkflowHandle
+from temporalio.common import WorkflowIDConflictPolicy
+
+from policies.findings import HealthReport
+from policies.model import Generation, Policy
+from workflows.node_remediation import NodeRemediation, RemediationInput, remediation_workflow_id
+
+
+async def send_report(
+    client: Client,
+    report: HealthReport | dict,
+    *,
+    node: str,
+    policy: Policy,
+    generation: Generation = Generation.HOPPER,
+    cluster: str = "default",
+    task_queue: str = "gpuheal",
+    expected_gpus: int | None = None,
+    history_limit: int | None = None,
+) -> WorkflowHandle:
+    """Deliver a report to the node's running episode, or start one with it.
+
+    A healthy report to a node with no running episode still starts one that ends `healthy` at
+    once; callers that only send on transitions (the agent) rarely do that.
+    """
+    payload = report.model_dump(mode="json") if isinstance(report, HealthReport) else report
+    return await client.start_workflow(
+        NodeRemediation.run,
+        RemediationInput(node=node, cluster=cluster, generation=generation, policy=policy,
+                         expected_gpus=expected_gpus, guard_task_queue=task_queue, history_limit=history_limit),
+        id=remediation_workflow_id(node),
+        task_queue=task_queue,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        start_signal="report",
+        start_signal_args=[payload],
+        static_summary=f"Remediation of GPU node {node}",
+    )

@@ -1,0 +1,1 @@
+"""Deterministic workflows: NodeRemediation, FleetGuard, NodeAdmission."""

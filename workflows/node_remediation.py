@@ -1,0 +1,693 @@
+"""NodeRemediation, id `remediate/<node>`: one unhealthy spell of one node, walked up the ladder."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, Field, ValidationError
+from temporalio import workflow
+from temporalio.common import RetryPolicy, SearchAttributeKey
+from temporalio.exceptions import ActivityError, ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    from activities import contracts as c
+    from activities.errors import NON_RETRYABLE
+    from policies.classify import Triage, classify
+    from policies.findings import HealthReport
+    from policies.model import Generation, Policy, Rung
+    from workflows.fleet_guard import (
+        GUARD_SIGNAL_FAULT,
+        GUARD_SIGNAL_RELEASE,
+        GUARD_SIGNAL_REQUEST,
+        HOLDER_SIGNAL_GRANTED,
+        FaultNotice,
+        LeaseGrant,
+        LeaseRelease,
+        guard_workflow_id,
+    )
+    from workflows.validation import validate_once, validate_twice
+
+SA_NODE = SearchAttributeKey.for_keyword("GpuNode")
+SA_FAULT = SearchAttributeKey.for_keyword("FaultClass")
+SA_STAGE = SearchAttributeKey.for_keyword("RemediationStage")
+SA_OUTCOME = SearchAttributeKey.for_keyword("Outcome")
+SA_UUIDS = SearchAttributeKey.for_keyword_list("GpuUuids")
+SA_ATTRIBUTION = SearchAttributeKey.for_keyword("Attribution")
+SEARCH_ATTRIBUTES = [SA_NODE, SA_FAULT, SA_STAGE, SA_OUTCOME, SA_UUIDS, SA_ATTRIBUTION]
+
+MAX_REJECTED_KEPT = 50
+MAX_BOOTS_KEPT = 16
+
+
+def remediation_workflow_id(node: str) -> str:
+    return f"remediate/{node}"
+
+
+class Stage(StrEnum):
+    TRIAGE = "triage"
+    LADDER = "ladder"
+    RETURN = "return_to_service"
+    PROBATION = "probation"
+    DONE = "done"
+
+
+class Outcome(StrEnum):
+    HEALTHY = "healthy"
+    RETURNED = "returned"
+    REPLACED = "replaced"
+    QUARANTINED = "quarantined"
+    AWAITING_APPROVAL = "awaiting_approval"
+    DENIED_ADMISSION = "denied_admission"
+
+
+class ActionRecord(BaseModel):
+    at: datetime
+    step: str
+    summary: str
+    ok: bool
+    detail: str = ""
+
+
+class RejectedReport(BaseModel):
+    at: datetime
+    reason: str
+    excerpt: str = Field(default="", description="The start of what was sent, for the operator.")
+
+
+class RemediationState(BaseModel):
+    """Everything the episode knows; continue-as-new carries it whole."""
+
+    stage: Stage = Stage.TRIAGE
+    outcome: Outcome | None = None
+    outcome_reason: str = ""
+    started_at: datetime | None = None
+    triage: Triage | None = None
+    latest: HealthReport | None = None
+    first_report: HealthReport | None = None
+    boot_id: str | None = None
+    seq_by_boot: dict[str, int] = Field(default_factory=dict)
+    retired_boots: list[str] = Field(default_factory=list)
+    duplicates: int = 0
+    rejected: list[RejectedReport] = Field(default_factory=list)
+    rejected_total: int = 0
+    next_rung: Rung | None = None
+    fixed_by: Rung | None = None
+    rungs_tried: list[Rung] = Field(default_factory=list)
+    attempts: dict[str, int] = Field(default_factory=dict)
+    actions: list[ActionRecord] = Field(default_factory=list)
+    quarantined: bool = False
+    drained: bool = False
+    lease_requested: bool = False
+    lease_held: bool = False
+    guard_notified: bool = False
+    validations: int = 0
+    detect_to_cordon_ms: int | None = None
+    returned_at: datetime | None = None
+    recurrence: HealthReport | None = None
+    paused: bool = False
+    pause_reason: str = ""
+    cancel_reason: str | None = None
+    awaiting_approval: Rung | None = None
+    approved: list[Rung] = Field(default_factory=list)
+    skip_to: Rung | None = None
+    hardware_ids: list[str] = Field(default_factory=list)
+    run_ids: list[str] = Field(default_factory=list)
+
+
+class RemediationInput(BaseModel):
+    node: str
+    cluster: str = "default"
+    generation: Generation = Generation.HOPPER
+    policy: Policy
+    expected_gpus: int | None = None
+    guard_task_queue: str = Field(default="gpuheal", description="Where the guard runs if it must be started.")
+    history_limit: int | None = Field(
+        default=None, description="Continue as new past this many events (besides the server's suggestion)."
+    )
+    state: RemediationState | None = None
+
+
+class RemediationStatus(BaseModel):
+    node: str
+    stage: Stage
+    outcome: Outcome | None
+    outcome_reason: str
+    triage: Triage | None
+    next_rung: Rung | None
+    fixed_by: Rung | None
+    rungs_tried: list[Rung]
+    attempts: dict[str, int]
+    actions: list[ActionRecord]
+    lease_held: bool
+    quarantined: bool
+    paused: bool
+    pause_reason: str
+    awaiting_approval: Rung | None
+    cancel_reason: str | None
+    rejected: list[RejectedReport]
+    rejected_total: int
+    duplicates: int
+    validations: int
+    boot_id: str | None
+    run_ids: list[str]
+
+
+class RemediationResult(BaseModel):
+    node: str
+    outcome: Outcome
+    reason: str
+    fault_class: str | None
+    attribution: str | None
+    rungs: list[Rung]
+    validations: int
+    detect_to_cordon_ms: int | None
+    run_ids: list[str]
+
+
+@workflow.defn(name="NodeRemediation")
+class NodeRemediation:
+    @workflow.init
+    def __init__(self, inp: RemediationInput) -> None:
+        self.inp = inp
+        self.policy = inp.policy
+        self.node = inp.node
+        self.s = inp.state or RemediationState()
+
+    # --- handlers: agents signal, operators update, everyone queries --------------------------
+    @workflow.signal
+    def report(self, raw: Any) -> None:
+        """A health report. Anything wrong with it is recorded and dropped: never a failed task."""
+        try:
+            r = HealthReport.model_validate(raw)
+        except ValidationError as err:
+            first = err.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "(report)"
+            return self._reject(f"malformed report: {where}: {first['msg']}", raw)
+        except Exception as err:  # noqa: BLE001 - any bad input is a rejection, not a task failure
+            return self._reject(f"malformed report: {type(err).__name__}", raw)
+        if r.node != self.node:
+            return self._reject(f"report for node {r.node!r} sent to {self.node!r}", raw)
+        if r.boot_id in self.s.retired_boots:
+            return self._reject(f"stale report from earlier boot {r.boot_id}", raw)
+        last = self.s.seq_by_boot.get(r.boot_id)
+        if last is not None and r.seq <= last:
+            if self.s.latest and r.seq == last and r.fingerprint() == self.s.latest.fingerprint():
+                self.s.duplicates += 1
+                return None
+            return self._reject(f"stale sequence {r.seq} (already have {last} for boot {r.boot_id})", raw)
+        self._accept(r)
+
+    @workflow.signal(name=HOLDER_SIGNAL_GRANTED)
+    def lease_granted(self, grant: LeaseGrant) -> None:
+        self.s.lease_held = True
+
+    @workflow.update
+    def pause(self, reason: str = "") -> RemediationStatus:
+        self.s.paused, self.s.pause_reason = True, reason or "paused by operator"
+        return self.status()
+
+    @pause.validator
+    def _validate_pause(self, reason: str = "") -> None:
+        self._require_active("pause")
+        if self.s.paused:
+            raise ValueError("already paused")
+
+    @workflow.update
+    def resume(self) -> RemediationStatus:
+        self.s.paused, self.s.pause_reason = False, ""
+        return self.status()
+
+    @resume.validator
+    def _validate_resume(self) -> None:
+        if not self.s.paused:
+            raise ValueError("not paused")
+
+    @workflow.update
+    def approve(self) -> RemediationStatus:
+        self.s.approved.append(self.s.awaiting_approval)
+        return self.status()
+
+    @approve.validator
+    def _validate_approve(self) -> None:
+        if self.s.awaiting_approval is None:
+            raise ValueError("nothing awaits approval")
+
+    @workflow.update
+    def skip_to(self, rung: str) -> RemediationStatus:
+        self.s.skip_to = Rung(rung)
+        return self.status()
+
+    @skip_to.validator
+    def _validate_skip_to(self, rung: str) -> None:
+        self._require_active("skip")
+        if rung not in {r.value for r in Rung}:
+            raise ValueError(f"unknown rung {rung!r}: one of {', '.join(r.value for r in Rung)}")
+
+    @workflow.update
+    def cancel(self, reason: str = "") -> RemediationStatus:
+        self.s.cancel_reason = reason or "cancelled by operator"
+        return self.status()
+
+    @cancel.validator
+    def _validate_cancel(self, reason: str = "") -> None:
+        self._require_active("cancel")
+
+    @workflow.query
+    def status(self) -> RemediationStatus:
+        s = self.s
+        return RemediationStatus(
+            node=self.node, stage=s.stage, outcome=s.outcome, outcome_reason=s.outcome_reason, triage=s.triage,
+            next_rung=s.next_rung, fixed_by=s.fixed_by, rungs_tried=s.rungs_tried, attempts=s.attempts,
+            actions=s.actions, lease_held=s.lease_held, quarantined=s.quarantined, paused=s.paused,
+            pause_reason=s.pause_reason, awaiting_approval=s.awaiting_approval, cancel_reason=s.cancel_reason,
+            rejected=s.rejected, rejected_total=s.rejected_total, duplicates=s.duplicates,
+            validations=s.validations, boot_id=s.boot_id, run_ids=s.run_ids,
+        )
+
+    # --- the runbook ---------------------------------------------------------------------------
+    @workflow.run
+    async def run(self, inp: RemediationInput) -> RemediationResult:
+        self._begin_run()
+        await workflow.wait_condition(lambda: self.s.latest is not None)
+        steps = {
+            Stage.TRIAGE: self._triage,
+            Stage.LADDER: self._climb_one_rung,
+            Stage.RETURN: self._return_to_service,
+            Stage.PROBATION: self._probation,
+        }
+        while self.s.stage is not Stage.DONE:
+            await self._continue_as_new_if_due()
+            await self._hold_while_paused()
+            if self.s.cancel_reason is not None:
+                self._finish(Outcome.QUARANTINED if self.s.quarantined else Outcome.HEALTHY,
+                             f"cancelled: {self.s.cancel_reason}")
+                break
+            await steps[self.s.stage]()
+        await self._close_episode()
+        return self._result()
+
+    async def _triage(self) -> None:
+        report = self.s.latest
+        t = classify(report.findings, self.inp.generation, self.policy)
+        self.s.triage = t
+        self.s.hardware_ids = report.hardware_ids()
+        self._upsert(SA_FAULT.value_set(t.fault_class or "none"), SA_UUIDS.value_set([g.uuid for g in report.gpus]),
+                     *([SA_ATTRIBUTION.value_set(t.attribution)] if t.attribution else []))
+        if not t.actionable:
+            self._record("triage", f"triage {self.node}", True, t.reason)
+            return self._finish(Outcome.HEALTHY, t.reason)
+        self._record("triage", f"triage {self.node}", True,
+                     f"{t.fault_class} ({t.attribution}, {t.severity}): start at {t.start_rung.value}; {t.reason}")
+        self.s.next_rung = t.start_rung
+        if t.attribution == "platform":
+            # Cordon first: it is safe, needs no budget, and every second counts for the jobs.
+            await self._quarantine()
+            if await self._is_repeat_offender():
+                self.s.next_rung = Rung.REPLACE
+        await self._attribute_pods(t)
+        self._set_stage(Stage.LADDER)
+
+    async def _climb_one_rung(self) -> None:
+        rung = self.s.skip_to or self.s.next_rung
+        self.s.skip_to = None
+        if rung.disruptive:
+            await self._quarantine()
+            if not await self._approved(rung):
+                return self._finish(Outcome.AWAITING_APPROVAL, f"{rung.value} was not approved in time")
+            await self._acquire_lease()
+            if self._steered():
+                return
+            await self._drain()
+        await self._hold_while_paused()
+        if self._steered():
+            return
+        self.s.rungs_tried.append(rung)
+        self.s.attempts[rung.value] = self.s.attempts.get(rung.value, 0) + 1
+        acted = await self._act(rung)
+        if rung is Rung.REPLACE:
+            return self._finish(Outcome.REPLACED if acted else Outcome.QUARANTINED,
+                                "instance replaced; hardware ids denylisted" if acted
+                                else "replacement failed: the node stays quarantined for a person")
+        if acted and await self._validated():
+            self.s.fixed_by = rung
+            return self._set_stage(Stage.RETURN if self.s.quarantined else Stage.PROBATION)
+        self.s.next_rung = rung.above()
+
+    async def _return_to_service(self) -> None:
+        await self._kube(c.KUBE_RETURN_TO_SERVICE,
+                         c.ReturnToServiceRequest(node=self.node, reason=f"fixed by {self.s.fixed_by.value}"),
+                         c.ReturnToServiceResult, f"uncordon {self.node}: validated twice after {self.s.fixed_by.value}")
+        self.s.quarantined = self.s.drained = False
+        await self._release_lease()
+        await self._tell_guard(healthy=True)
+        self._set_stage(Stage.PROBATION)
+
+    async def _probation(self) -> None:
+        self.s.returned_at = workflow.now()
+        try:
+            await workflow.wait_condition(
+                lambda: self.s.recurrence is not None or self.s.cancel_reason is not None or self.s.skip_to is not None,
+                timeout=self.policy.probation, timeout_summary=f"probation of {self.node}",
+            )
+        except TimeoutError:
+            return self._finish(Outcome.RETURNED, f"fixed by {self.s.fixed_by.value}; probation passed")
+        if self.s.skip_to is not None:
+            return self._set_stage(Stage.LADDER)
+        if self.s.recurrence is None:
+            return
+        t = classify(self.s.recurrence.findings, self.inp.generation, self.policy)
+        above = self.s.fixed_by.above() or Rung.REPLACE
+        self.s.triage = t
+        self.s.next_rung = max(above, t.start_rung, key=list(Rung).index)
+        self._record("probation", f"recurrence on {self.node} during probation", False,
+                     f"{t.reason}: escalate to {self.s.next_rung.value}")
+        self.s.recurrence = None
+        self._set_stage(Stage.LADDER)
+
+    # --- steps ---------------------------------------------------------------------------------
+    async def _quarantine(self) -> None:
+        if self.s.quarantined:
+            return
+        t = self.s.triage
+        result = await self._kube(
+            c.KUBE_QUARANTINE,
+            c.QuarantineRequest(node=self.node, fault_class=t.fault_class or "unknown", reason=t.reason,
+                                dry_run=self.policy.dry_run),
+            c.QuarantineResult, f"cordon and taint {self.node} ({self._fault_label()})",
+        )
+        self.s.quarantined = True
+        detected = self.s.first_report.detected_at if self.s.first_report else None
+        if result is not None and detected is not None and self.s.detect_to_cordon_ms is None:
+            self.s.detect_to_cordon_ms = max(0, int((result.cordoned_at - detected).total_seconds() * 1000))
+        await self._tell_guard(healthy=False)
+
+    async def _approved(self, rung: Rung) -> bool:
+        rp = self.policy.ladder.for_rung(rung)
+        if not rp.requires_approval or rung in self.s.approved:
+            return True
+        self.s.awaiting_approval = rung
+        self._set_details()
+        try:
+            await workflow.wait_condition(lambda: rung in self.s.approved, timeout=rp.approval_timeout,
+                                          timeout_summary=f"wait for approval to {rung.value} {self.node}")
+        except TimeoutError:
+            return False
+        finally:
+            self.s.awaiting_approval = None
+        self._record("approval", f"{rung.value} {self.node} approved", True)
+        return True
+
+    async def _acquire_lease(self) -> None:
+        if self.s.lease_held:
+            return
+        if not self.s.lease_requested:
+            await self._signal_guard(GUARD_SIGNAL_REQUEST, c.LeaseRequest(
+                cluster=self.inp.cluster, holder=workflow.info().workflow_id, node=self.node))
+            self.s.lease_requested = True
+        self._set_details("waiting for a disruption lease from the fleet guard")
+        await workflow.wait_condition(
+            lambda: self.s.lease_held or self._steered())
+        if self.s.lease_held:
+            self._record("lease", f"disruption lease for {self.node}", True)
+
+    async def _drain(self) -> None:
+        if self.s.drained:
+            return
+        d = self.policy.drain
+        result = await self._kube(
+            c.KUBE_DRAIN,
+            c.DrainRequest(node=self.node, episode=self._episode(), checkpoint_grace_s=d.checkpoint_grace.total_seconds(),
+                           deadline_s=d.deadline.total_seconds(), timeout_action=d.timeout_action,
+                           allow_force=d.allow_force, pod_grace_seconds=d.pod_grace_seconds, dry_run=self.policy.dry_run),
+            c.DrainResult, f"drain {self.node} through the Eviction API",
+            start_to_close=d.checkpoint_grace + d.deadline + timedelta(minutes=5), heartbeat=timedelta(seconds=60),
+        )
+        self.s.drained = result is not None
+
+    async def _act(self, rung: Rung) -> bool:
+        """The rung's action and its wait; False when it failed or the node did not come back."""
+        rp = self.policy.ladder.for_rung(rung)
+        summary = f"{rung.value} {self.node} ({self._fault_label()})"
+        key = f"{workflow.info().workflow_id}/{self.s.run_ids[0]}/{rung.value}/{self.s.attempts[rung.value]}"
+        dry = self.policy.dry_run
+        try:
+            if rung is Rung.KILL:
+                await self._node_activity(c.NODE_KILL, c.KillRequest(node=self.node, gpus=self._gpus(), dry_run=dry),
+                                          c.KillResult, summary, rp)
+            elif rung is Rung.RESET:
+                await self._node_activity(c.NODE_KILL, c.KillRequest(node=self.node, gpus=self._gpus(), dry_run=dry),
+                                          c.KillResult, f"stop GPU processes on {self.node} before reset", rp)
+                await self._node_activity(c.NODE_RESET, c.ResetRequest(node=self.node, gpus=self._gpus(), dry_run=dry),
+                                          c.ResetResult, summary, rp)
+            elif rung is Rung.REBOOT:
+                before = self.s.boot_id
+                await self._cloud(c.CLOUD_REBOOT, c.RebootRequest(node=self.node, idempotency_key=key, dry_run=dry),
+                                  c.RebootResult, summary, rp)
+                self._record(rung.value, summary, True, "reboot sent; waiting for a report from a new boot")
+                try:
+                    await workflow.wait_condition(lambda: self.s.boot_id != before, timeout=rp.return_timeout,
+                                                  timeout_summary=f"wait for {self.node} to come back from reboot")
+                except TimeoutError:
+                    self._record(rung.value, f"{self.node} back from reboot", False,
+                                 f"no report from a new boot within {rp.return_timeout}")
+                    return False
+                self._record(rung.value, f"{self.node} back from reboot", True, f"boot id {self.s.boot_id}")
+                return True
+            elif rung is Rung.REPLACE:
+                await self._ledger(c.LEDGER_DENYLIST, c.DenylistRequest(
+                    hardware_ids=self.s.hardware_ids, node=self.node, reason=f"replaced: {self._fault_label()}"),
+                    c.DenylistResult, f"denylist hardware of {self.node}")
+                await self._cloud(c.CLOUD_REPLACE, c.ReplaceRequest(
+                    node=self.node, idempotency_key=key, mode=self.policy.replacement,
+                    ownership_tag=self.policy.ownership_tag, dry_run=dry), c.ReplaceResult, summary, rp)
+                self._record(rung.value, summary, True)
+                return True
+        except ActivityError as err:
+            self._record(rung.value, summary, False, _cause(err))
+            return False
+        self._record(rung.value, summary, True)
+        await workflow.sleep(max(rp.return_timeout, timedelta(milliseconds=1)),
+                             summary=f"let {self.node} settle after {rung.value}")
+        return True
+
+    async def _validated(self) -> bool:
+        if not self.s.quarantined:
+            # Kill-only (application) episodes never took the node out: one validation suffices.
+            ok = await validate_once(self.node, self.policy.validation, self.inp.expected_gpus, "after kill",
+                                     self._record, self.policy.dry_run)
+            self.s.validations += int(ok)
+            return ok
+        passed = await validate_twice(self.node, self.policy.validation, self.inp.expected_gpus, self._record,
+                                      self.policy.dry_run)
+        self.s.validations += passed
+        return passed == 2
+
+    async def _is_repeat_offender(self) -> bool:
+        ro = self.policy.repeat_offender
+        if not self.s.hardware_ids:
+            return False
+        count = await self._ledger(c.LEDGER_COUNT_RECENT, c.CountRecentRequest(
+            hardware_ids=self.s.hardware_ids, window_s=ro.window.total_seconds(), exclude_episode=self._episode()),
+            int, f"count recent remediations of {self.node}'s hardware")
+        if count is not None and count + 1 >= ro.threshold:
+            self._record("triage", f"repeat offender {self.node}", True,
+                         f"{count} earlier remediations within {ro.window}: straight to replace")
+            return True
+        return False
+
+    async def _attribute_pods(self, t: Triage) -> None:
+        await self._kube(c.KUBE_ATTRIBUTE_PODS, c.AttributePodsRequest(
+            node=self.node, attribution=t.attribution, fault=self._fault_label(), gpus=t.gpus,
+            episode=self._episode(), dry_run=self.policy.dry_run),
+            c.AttributePodsResult, f"mark pods on {self.node}: failure attribution {t.attribution}")
+
+    async def _close_episode(self) -> None:
+        await self._release_lease()
+        if self.s.outcome is Outcome.REPLACED:
+            # The node leaves the fleet: it no longer counts as unhealthy. Other endings keep it cordoned.
+            await self._tell_guard(healthy=True)
+        if self.s.triage is not None and self.s.triage.actionable:
+            await self._ledger(c.LEDGER_RECORD, c.RemediationRecord(
+                node=self.node, episode=self._episode(), hardware_ids=self.s.hardware_ids,
+                fault_class=self.s.triage.fault_class, attribution=self.s.triage.attribution,
+                rungs=[r.value for r in self.s.rungs_tried], outcome=self.s.outcome.value,
+                started_at=self.s.started_at, ended_at=workflow.now()), None,
+                f"record {self.node}'s episode in the ledger")
+
+    # --- guard ---------------------------------------------------------------------------------
+    async def _signal_guard(self, signal: str, arg: BaseModel) -> None:
+        """Signal-with-start, through an activity, so the guard exists when first needed."""
+        await workflow.execute_activity(
+            c.GUARD_SIGNAL,
+            c.GuardSignalRequest(cluster=self.inp.cluster, guard=self.policy.guard, task_queue=self.inp.guard_task_queue,
+                                 signal=signal, payload=arg.model_dump(mode="json")),
+            start_to_close_timeout=timedelta(seconds=30), summary=f"{signal} to fleet guard for {self.node}",
+            retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
+        )
+
+    async def _tell_guard(self, healthy: bool) -> None:
+        if healthy and not self.s.guard_notified:
+            return
+        await self._signal_guard(GUARD_SIGNAL_FAULT, FaultNotice(
+            node=self.node, holder=workflow.info().workflow_id,
+            fault_class=self.s.triage.fault_class if self.s.triage else None, healthy=healthy))
+        self.s.guard_notified = not healthy
+
+    async def _release_lease(self) -> None:
+        if not (self.s.lease_held or self.s.lease_requested):
+            return
+        await workflow.get_external_workflow_handle(guard_workflow_id(self.inp.cluster)).signal(
+            GUARD_SIGNAL_RELEASE, LeaseRelease(holder=workflow.info().workflow_id))
+        self.s.lease_held = self.s.lease_requested = False
+
+    # --- activity plumbing ---------------------------------------------------------------------
+    async def _kube(self, name: str, req: BaseModel, result_type: type, summary: str,
+                    start_to_close: timedelta = timedelta(minutes=1), heartbeat: timedelta | None = None):
+        """Cluster activities retry transient API errors; a non-retryable one leaves the node as it is."""
+        try:
+            result = await workflow.execute_activity(
+                name, req, result_type=result_type, start_to_close_timeout=start_to_close,
+                heartbeat_timeout=heartbeat, summary=summary,
+                retry_policy=RetryPolicy(maximum_attempts=10, maximum_interval=timedelta(seconds=30),
+                                         non_retryable_error_types=NON_RETRYABLE),
+            )
+        except ActivityError as err:
+            self._record(name, summary, False, _cause(err))
+            return None
+        self._record(name, summary, True)
+        return result
+
+    async def _ledger(self, name: str, req: BaseModel, result_type: type, summary: str):
+        return await workflow.execute_activity(
+            name, req, result_type=result_type, start_to_close_timeout=timedelta(seconds=30), summary=summary,
+            retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=30)),
+        )
+
+    async def _cloud(self, name: str, req: BaseModel, result_type: type, summary: str, rp):
+        return await workflow.execute_activity(
+            name, req, result_type=result_type, start_to_close_timeout=rp.action_timeout, summary=summary,
+            retry_policy=RetryPolicy(maximum_attempts=rp.retries, non_retryable_error_types=NON_RETRYABLE),
+        )
+
+    async def _node_activity(self, name: str, req: BaseModel, result_type: type, summary: str, rp):
+        """Node-local work: a dead agent is caught by schedule_to_start, and the ladder climbs on."""
+        return await workflow.execute_activity(
+            name, req, result_type=result_type, task_queue=c.node_task_queue(self.node),
+            schedule_to_start_timeout=self.policy.validation.agent_timeout,
+            start_to_close_timeout=rp.action_timeout, summary=summary,
+            retry_policy=RetryPolicy(maximum_attempts=rp.retries, non_retryable_error_types=NON_RETRYABLE),
+        )
+
+    # --- state helpers -------------------------------------------------------------------------
+    def _begin_run(self) -> None:
+        info = workflow.info()
+        if info.run_id not in self.s.run_ids:
+            self.s.run_ids.append(info.run_id)
+        if self.s.started_at is None:
+            self.s.started_at = workflow.now()
+            self._upsert(SA_NODE.value_set(self.node), SA_STAGE.value_set(self.s.stage.value))
+
+    def _accept(self, r: HealthReport) -> None:
+        if self.s.boot_id is not None and r.boot_id != self.s.boot_id:
+            self.s.retired_boots = [*self.s.retired_boots, self.s.boot_id][-MAX_BOOTS_KEPT:]
+            self.s.seq_by_boot.pop(self.s.boot_id, None)
+        self.s.boot_id = r.boot_id
+        self.s.seq_by_boot[r.boot_id] = r.seq
+        self.s.latest = r
+        if self.s.first_report is None:
+            self.s.first_report = r
+        if self.s.stage in (Stage.RETURN, Stage.PROBATION) and not r.healthy and self.s.recurrence is None:
+            if classify(r.findings, self.inp.generation, self.policy).actionable:
+                self.s.recurrence = r
+
+    def _reject(self, reason: str, raw: Any) -> None:
+        self.s.rejected_total += 1
+        excerpt = repr(raw)[:200]
+        self.s.rejected = [*self.s.rejected, RejectedReport(at=workflow.now(), reason=reason, excerpt=excerpt)][
+            -MAX_REJECTED_KEPT:]
+        workflow.logger.warning("rejected report for %s: %s", self.node, reason)
+
+    def _require_active(self, what: str) -> None:
+        if self.s.stage is Stage.DONE:
+            raise ValueError(f"cannot {what}: the episode has ended ({self.s.outcome})")
+
+    def _record(self, step: str, summary: str, ok: bool, detail: str = "") -> None:
+        self.s.actions.append(ActionRecord(at=workflow.now(), step=step, summary=summary, ok=ok, detail=detail))
+        self._set_details()
+
+    def _set_stage(self, stage: Stage) -> None:
+        self.s.stage = stage
+        self._upsert(SA_STAGE.value_set(stage.value))
+        self._set_details()
+
+    def _finish(self, outcome: Outcome, reason: str) -> None:
+        self.s.outcome, self.s.outcome_reason = outcome, reason
+        self._upsert(SA_OUTCOME.value_set(outcome.value))
+        self._set_stage(Stage.DONE)
+
+    def _upsert(self, *updates) -> None:
+        workflow.upsert_search_attributes(list(updates))
+
+    def _steered(self) -> bool:
+        """An operator redirected the episode (skip or cancel) while it waited: re-plan first."""
+        return self.s.skip_to is not None or self.s.cancel_reason is not None
+
+    async def _hold_while_paused(self) -> None:
+        if self.s.paused:
+            self._set_details()
+            await workflow.wait_condition(lambda: not self.s.paused or self.s.cancel_reason is not None)
+
+    async def _continue_as_new_if_due(self) -> None:
+        info = workflow.info()
+        limit = self.inp.history_limit
+        if info.is_continue_as_new_suggested() or (limit and info.get_current_history_length() > limit):
+            await workflow.wait_condition(workflow.all_handlers_finished)
+            workflow.continue_as_new(self.inp.model_copy(update={"state": self.s}))
+
+    def _episode(self) -> str:
+        return f"{workflow.info().workflow_id}/{self.s.run_ids[0]}"
+
+    def _gpus(self) -> list[int]:
+        return self.s.triage.gpus if self.s.triage else []
+
+    def _fault_label(self) -> str:
+        t = self.s.triage
+        if t is None or not t.verdicts:
+            return "no fault"
+        acted = [v.finding.label() for v in t.verdicts if v.rung is not None][:3]
+        return ", ".join(acted) or t.fault_class or "fault"
+
+    def _set_details(self, waiting: str = "") -> None:
+        s = self.s
+        lines = [f"## {self.node}: {s.stage.value}" + (f" ({s.outcome.value})" if s.outcome else "")]
+        if s.triage and s.triage.fault_class:
+            lines.append(f"**Fault**: {s.triage.fault_class}, {s.triage.attribution}: {s.triage.reason}")
+        if s.stage is Stage.LADDER and s.next_rung:
+            lines.append(f"**Next rung**: {s.next_rung.value}; tried: {', '.join(r.value for r in s.rungs_tried) or '-'}")
+        if s.paused:
+            lines.append(f"**Paused**: {s.pause_reason}")
+        if s.awaiting_approval:
+            lines.append(f"**Awaiting approval** to {s.awaiting_approval.value} (update `approve`)")
+        if waiting:
+            lines.append(f"**Waiting**: {waiting}")
+        lines += [f"- {a.at:%H:%M:%S} {'ok' if a.ok else 'FAILED'} {a.summary}" + (f": {a.detail}" if a.detail else "")
+                  for a in s.actions[-8:]]
+        workflow.set_current_details("\n".join(lines))
+
+    def _result(self) -> RemediationResult:
+        t = self.s.triage
+        return RemediationResult(
+            node=self.node, outcome=self.s.outcome, reason=self.s.outcome_reason,
+            fault_class=t.fault_class if t else None, attribution=t.attribution if t else None,
+            rungs=self.s.rungs_tried, validations=self.s.validations,
+            detect_to_cordon_ms=self.s.detect_to_cordon_ms, run_ids=self.s.run_ids,
+        )
+
+
+def _cause(err: ActivityError) -> str:
+    cause = err.cause
+    while cause is not None and cause.cause is not None and not isinstance(cause, ApplicationError):
+        cause = cause.cause
+    return f"{type(cause).__name__}: {cause}" if cause is not None else str(err)

@@ -1,0 +1,53 @@
+"""Validate twice with a soak between: the gate before any node takes work (remediated or new)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError
+
+with workflow.unsafe.imports_passed_through():
+    from activities import contracts as c
+    from policies.model import ValidationPolicy
+
+# Called with (step, summary, ok, detail) so the caller keeps its own action log.
+Recorder = Callable[[str, str, bool, str], None]
+
+
+async def validate_once(node: str, policy: ValidationPolicy, expected_gpus: int | None, label: str,
+                        record: Recorder, dry_run: bool = False) -> bool:
+    summary = f"validate {node} ({label}): fresh probes + dcgm r{policy.dcgm_level}"
+    try:
+        result = await workflow.execute_activity(
+            c.NODE_VALIDATE,
+            c.ValidateRequest(node=node, dcgm_level=policy.dcgm_level, dcgm_required=policy.dcgm_required,
+                              expected_gpus=expected_gpus, dry_run=dry_run),
+            result_type=c.ValidationResult,
+            task_queue=c.node_task_queue(node),
+            # A dead agent never picks the task up: that is a failed validation, not a hang.
+            schedule_to_start_timeout=policy.agent_timeout,
+            start_to_close_timeout=policy.timeout,
+            retry_policy=RetryPolicy(maximum_attempts=2, non_retryable_error_types=["DependencyMissing"]),
+            summary=summary,
+        )
+    except ActivityError as err:
+        record("validate", summary, False, f"could not run: {err.cause or err}")
+        return False
+    detail = "passed" if result.passed else "failed: " + ", ".join(f.label() for f in result.findings)
+    record("validate", summary, result.passed, f"{detail} ({', '.join(result.checks)})")
+    return result.passed
+
+
+async def validate_twice(node: str, policy: ValidationPolicy, expected_gpus: int | None, record: Recorder,
+                         dry_run: bool = False) -> int:
+    """Returns how many validations passed: 2 means the node may take work."""
+    if not await validate_once(node, policy, expected_gpus, "1 of 2", record, dry_run):
+        return 0
+    await workflow.sleep(max(policy.soak, timedelta(milliseconds=1)),
+                         summary=f"soak {node} before the second validation")
+    if not await validate_once(node, policy, expected_gpus, "2 of 2", record, dry_run):
+        return 1
+    return 2
