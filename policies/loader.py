@@ -52,7 +52,7 @@ def policy_from_mapping(data: Any, source: str = "policy") -> Policy:
         if key in data:
             raise PolicyError(source, [f"{key}: the catalog is pinned; change entries with xid_overrides"])
     try:
-        policy = Policy.model_validate(data)
+        policy = Policy.model_validate(_merge(Policy().model_dump(mode="json", exclude={"xids"}), data))
     except ValidationError as err:
         raise PolicyError(source, describe_validation_error(err)) from None
     version, xids = load_catalog()
@@ -62,6 +62,14 @@ def policy_from_mapping(data: Any, source: str = "policy") -> Policy:
     if unknown:
         raise PolicyError(source, unknown)
     return policy.model_copy(update={"xids": xids, "xid_catalog_version": version})
+
+
+def _merge(base: dict, override: dict) -> dict:
+    """A file names only what it changes: nested mappings merge over the defaults."""
+    out = dict(base)
+    for key, value in override.items():
+        out[key] = _merge(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
+    return out
 
 
 def default_policy() -> Policy:

@@ -107,7 +107,7 @@ class LadderPolicy(_Strict):
     )
 
     def for_rung(self, rung: Rung) -> RungPolicy:
-        return getattr(self, rung.value)
+        return getattr(self, Rung(rung).value)
 
 
 class ValidationPolicy(_Strict):

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 from temporalio.client import Client, WorkflowHandle
-from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy
 
 from policies.findings import HealthReport
 from policies.model import Generation, Policy
-from workflows.node_remediation import NodeRemediation, RemediationInput, remediation_workflow_id
+from workflows.node_remediation import (
+    SA_NODE,
+    SA_STAGE,
+    NodeRemediation,
+    RemediationInput,
+    Stage,
+    remediation_workflow_id,
+)
 
 
 async def send_report(
@@ -38,4 +45,6 @@ async def send_report(
         start_signal="report",
         start_signal_args=[payload],
         static_summary=f"Remediation of GPU node {node}",
+        search_attributes=TypedSearchAttributes([SearchAttributePair(SA_NODE, node),
+                                                SearchAttributePair(SA_STAGE, Stage.TRIAGE.value)]),
     )

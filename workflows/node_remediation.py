@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 
 with workflow.unsafe.imports_passed_through():
     from activities import contracts as c
@@ -293,11 +293,12 @@ class NodeRemediation:
         t = classify(report.findings, self.inp.generation, self.policy)
         self.s.triage = t
         self.s.hardware_ids = report.hardware_ids()
-        self._upsert(SA_FAULT.value_set(t.fault_class or "none"), SA_UUIDS.value_set([g.uuid for g in report.gpus]),
-                     *([SA_ATTRIBUTION.value_set(t.attribution)] if t.attribution else []))
+        found = [SA_FAULT.value_set(t.fault_class or "none"), SA_UUIDS.value_set([g.uuid for g in report.gpus]),
+                 *([SA_ATTRIBUTION.value_set(t.attribution)] if t.attribution else [])]
         if not t.actionable:
             self._record("triage", f"triage {self.node}", True, t.reason)
-            return self._finish(Outcome.HEALTHY, t.reason)
+            return self._finish(Outcome.HEALTHY, t.reason, *found)
+        self._upsert(*found)
         self._record("triage", f"triage {self.node}", True,
                      f"{t.fault_class} ({t.attribution}, {t.severity}): start at {t.start_rung.value}; {t.reason}")
         self.s.next_rung = t.start_rung
@@ -404,7 +405,8 @@ class NodeRemediation:
             return
         if not self.s.lease_requested:
             await self._signal_guard(GUARD_SIGNAL_REQUEST, c.LeaseRequest(
-                cluster=self.inp.cluster, holder=workflow.info().workflow_id, node=self.node))
+                cluster=self.inp.cluster, holder=workflow.info().workflow_id, node=self.node),
+                started=self.s.guard_notified)
             self.s.lease_requested = True
         self._set_details("waiting for a disruption lease from the fleet guard")
         await workflow.wait_condition(
@@ -517,8 +519,15 @@ class NodeRemediation:
                 f"record {self.node}'s episode in the ledger")
 
     # --- guard ---------------------------------------------------------------------------------
-    async def _signal_guard(self, signal: str, arg: BaseModel) -> None:
-        """Signal-with-start, through an activity, so the guard exists when first needed."""
+    async def _signal_guard(self, signal: str, arg: BaseModel, started: bool = False) -> None:
+        """Signal-with-start through an activity the first time, so the guard exists when needed;
+        a plain external signal (two events, no activity) once this episode knows it runs."""
+        if started:
+            try:
+                await workflow.get_external_workflow_handle(guard_workflow_id(self.inp.cluster)).signal(signal, arg)
+                return
+            except FailureError:
+                pass  # the guard was terminated or reset: start it again below
         await workflow.execute_activity(
             c.GUARD_SIGNAL,
             c.GuardSignalRequest(cluster=self.inp.cluster, guard=self.policy.guard, task_queue=self.inp.guard_task_queue,
@@ -532,7 +541,8 @@ class NodeRemediation:
             return
         await self._signal_guard(GUARD_SIGNAL_FAULT, FaultNotice(
             node=self.node, holder=workflow.info().workflow_id,
-            fault_class=self.s.triage.fault_class if self.s.triage else None, healthy=healthy))
+            fault_class=self.s.triage.fault_class if self.s.triage else None, healthy=healthy),
+            started=self.s.guard_notified)
         self.s.guard_notified = not healthy
 
     async def _release_lease(self) -> None:
@@ -587,7 +597,8 @@ class NodeRemediation:
             self.s.run_ids.append(info.run_id)
         if self.s.started_at is None:
             self.s.started_at = workflow.now()
-            self._upsert(SA_NODE.value_set(self.node), SA_STAGE.value_set(self.s.stage.value))
+            if workflow.info().typed_search_attributes.get(SA_NODE) is None:
+                self._upsert(SA_NODE.value_set(self.node), SA_STAGE.value_set(self.s.stage.value))
 
     def _accept(self, r: HealthReport) -> None:
         if self.s.boot_id is not None and r.boot_id != self.s.boot_id:
@@ -617,15 +628,14 @@ class NodeRemediation:
         self.s.actions.append(ActionRecord(at=workflow.now(), step=step, summary=summary, ok=ok, detail=detail))
         self._set_details()
 
-    def _set_stage(self, stage: Stage) -> None:
+    def _set_stage(self, stage: Stage, *also) -> None:
         self.s.stage = stage
-        self._upsert(SA_STAGE.value_set(stage.value))
+        self._upsert(SA_STAGE.value_set(stage.value), *also)
         self._set_details()
 
-    def _finish(self, outcome: Outcome, reason: str) -> None:
+    def _finish(self, outcome: Outcome, reason: str, *also) -> None:
         self.s.outcome, self.s.outcome_reason = outcome, reason
-        self._upsert(SA_OUTCOME.value_set(outcome.value))
-        self._set_stage(Stage.DONE)
+        self._set_stage(Stage.DONE, SA_OUTCOME.value_set(outcome.value), *also)
 
     def _upsert(self, *updates) -> None:
         workflow.upsert_search_attributes(list(updates))

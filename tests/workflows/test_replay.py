@@ -1,0 +1,46 @@
+"""Recorded histories (tests/histories/, `make histories`) replay against the current workflow code."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from temporalio.client import WorkflowHistory
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer
+from temporalio.workflow import NondeterminismError
+
+from tests.workflows.changed_workflows import NodeRemediationChangedPatched, NodeRemediationChangedUnpatched
+from workflows.fleet_guard import FleetGuard
+from workflows.node_remediation import NodeRemediation
+
+HISTORIES = sorted((Path(__file__).resolve().parent.parent / "histories").glob("*.json"))
+REQUIRED_PATHS = {"kill_only", "reset", "reboot", "replace", "probation_recurrence", "approval"}
+
+
+def load(path: Path) -> WorkflowHistory:
+    return WorkflowHistory.from_json(f"remediate/{path.stem}", json.loads(path.read_text()))
+
+
+def test_every_required_path_is_recorded():
+    assert REQUIRED_PATHS <= {p.stem for p in HISTORIES}
+
+
+@pytest.mark.parametrize("path", HISTORIES, ids=lambda p: p.stem)
+async def test_history_replays(path: Path):
+    replayer = Replayer(workflows=[NodeRemediation, FleetGuard], data_converter=pydantic_data_converter)
+    await replayer.replay_workflow(load(path))
+
+
+@pytest.mark.parametrize("path", HISTORIES, ids=lambda p: p.stem)
+async def test_unpatched_change_is_caught(path: Path):
+    replayer = Replayer(workflows=[NodeRemediationChangedUnpatched], data_converter=pydantic_data_converter)
+    with pytest.raises(NondeterminismError):
+        await replayer.replay_workflow(load(path))
+
+
+@pytest.mark.parametrize("path", HISTORIES, ids=lambda p: p.stem)
+async def test_patched_change_replays(path: Path):
+    replayer = Replayer(workflows=[NodeRemediationChangedPatched], data_converter=pydantic_data_converter)
+    await replayer.replay_workflow(load(path))

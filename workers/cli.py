@@ -1,0 +1,75 @@
+"""The gpuheal command line: a thin layer over the packages; `--json` prints one document on stdout."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from pathlib import Path
+
+from policies.loader import PolicyError, load_policy
+
+
+def _print_json(doc) -> None:
+    sys.stdout.write(json.dumps(doc, indent=1, default=str) + "\n")
+
+
+def cmd_policy_check(args) -> int:
+    try:
+        policy = load_policy(args.file)
+    except PolicyError as err:
+        for problem in err.problems:
+            print(f"{err.source}: {problem}", file=sys.stderr)
+        return 1
+    if args.json:
+        _print_json({"ok": True, "policy": policy.model_dump(mode="json", exclude={"xids"})})
+    else:
+        print(f"{args.file}: ok (policy {policy.name!r}, Xid catalog {policy.xid_catalog_version}, "
+              f"{len(policy.xids)} codes)")
+    return 0
+
+
+def cmd_replay(args) -> int:
+    from workers.replay import replay_dir
+
+    try:
+        outcomes = asyncio.run(replay_dir(Path(args.dir)))
+    except FileNotFoundError as err:
+        print(f"gpuheal replay: {err}", file=sys.stderr)
+        return 2
+    if args.json:
+        _print_json({"histories": [o.model_dump() for o in outcomes]})
+    else:
+        for o in outcomes:
+            print(f"{'ok  ' if o.ok else 'FAIL'} {o.file} ({o.events} events){': ' + o.error if o.error else ''}")
+    return 0 if all(o.ok for o in outcomes) else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gpuheal", description="GPU-fleet remediation on Temporal.")
+    p.add_argument("--log-level", default="WARNING")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    policy = sub.add_parser("policy", help="policy files").add_subparsers(dest="policy_command", required=True)
+    check = policy.add_parser("check", help="validate a policy file")
+    check.add_argument("file")
+    check.add_argument("--json", action="store_true")
+    check.set_defaults(func=cmd_policy_check)
+
+    replay = sub.add_parser("replay", help="replay exported histories (*.json) against the current code")
+    replay.add_argument("dir")
+    replay.add_argument("--json", action="store_true")
+    replay.set_defaults(func=cmd_replay)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
