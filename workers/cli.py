@@ -47,6 +47,29 @@ def cmd_replay(args) -> int:
     return 0 if all(o.ok for o in outcomes) else 1
 
 
+def cmd_probe_kmsg(args) -> int:
+    from health.kmsg import KmsgParser
+    from policies.classify import classify
+    from policies.loader import default_policy
+
+    try:
+        with open(args.file, errors="replace") as fh:
+            findings = KmsgParser().parse(fh)
+    except OSError as err:
+        print(f"gpuheal probe kmsg: cannot read {args.file}: {err.strerror}", file=sys.stderr)
+        return 2
+    triage = classify(findings, args.generation, default_policy())
+    if args.json:
+        _print_json({"findings": [f.model_dump(mode="json") for f in findings],
+                     "triage": triage.model_dump(mode="json", exclude={"verdicts"})})
+    else:
+        for f in findings:
+            print(f"{f.kind.value:16} xid={f.xid!s:5} pci={f.pci} {f.message[:100]}")
+        print(f"triage ({args.generation}): " + (f"{triage.fault_class}, {triage.attribution}, start at "
+              f"{triage.start_rung.value}" if triage.actionable else triage.reason))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpuheal", description="GPU-fleet remediation on Temporal.")
     p.add_argument("--log-level", default="WARNING")
@@ -62,6 +85,13 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("dir")
     replay.add_argument("--json", action="store_true")
     replay.set_defaults(func=cmd_replay)
+
+    probe = sub.add_parser("probe", help="run one probe here").add_subparsers(dest="probe_command", required=True)
+    kmsg = probe.add_parser("kmsg", help="classify kernel-log lines from a file (or /dev/kmsg)")
+    kmsg.add_argument("file")
+    kmsg.add_argument("--generation", default="hopper", choices=["ampere", "hopper", "blackwell"])
+    kmsg.add_argument("--json", action="store_true")
+    kmsg.set_defaults(func=cmd_probe_kmsg)
     return p
 
 

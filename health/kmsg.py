@@ -1,0 +1,61 @@
+"""Kernel-log parsing: NVRM Xid lines, "fallen off the bus", Xid 154 recovery actions -> findings."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from policies.findings import RECOVERY_ACTION_BY_CODE, Finding, FindingKind
+
+# /dev/kmsg records start "prio,seq,usec,flags;"; dmesg adds "[timestamp]"; journald "kernel:".
+_RECORD_PREFIX = re.compile(r"^\d+,\d+,\d+,[^;]*;")
+_BUS = r"(?P<pci>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})(?:\.[0-7])?"
+_XID = re.compile(r"NVRM: Xid \((?:PCI:)?" + _BUS + r"\): (?P<xid>\d+)(?:, (?P<rest>.*))?$")
+_OFF_BUS = re.compile(r"NVRM: GPU (?:at )?(?:PCI:)?" + _BUS + r": GPU has fallen off the bus")
+_GPU_AT = re.compile(r"NVRM: GPU at (?:PCI:)?" + _BUS + r": (?P<uuid>GPU-[0-9A-Fa-f-]+)")
+_RECOVERY = re.compile(r"recovery action changed from 0x[0-9A-Fa-f]+ \([^)]*\) to 0x(?P<code>[0-9A-Fa-f]+)")
+_FATALITY = re.compile(r"\b(?P<sev>Fatal|Nonfatal)\b")
+
+
+def bus_key(pci: str) -> tuple[int, int, int]:
+    """Domain, bus, device as numbers: "0000:91:00" and NVML's "00000000:91:00.0" match."""
+    domain, bus, device = pci.split(".")[0].split(":")[-3:]
+    return int(domain, 16), int(bus, 16), int(device, 16)
+
+
+class KmsgParser:
+    """Stateful over a log: remembers "GPU at PCI:...: GPU-<uuid>" lines to name later faults."""
+
+    def __init__(self, uuid_by_bus: dict[str, str] | None = None, index_by_bus: dict[str, int] | None = None):
+        self._uuids = {bus_key(k): v for k, v in (uuid_by_bus or {}).items()}
+        self._index = {bus_key(k): v for k, v in (index_by_bus or {}).items()}
+
+    def parse_line(self, line: str) -> Finding | None:
+        text = _RECORD_PREFIX.sub("", line.rstrip("\n"))
+        if (m := _GPU_AT.search(text)) is not None:
+            self._uuids[bus_key(m["pci"])] = m["uuid"]
+            return None
+        if (m := _XID.search(text)) is not None:
+            return self._xid_finding(m, text)
+        if (m := _OFF_BUS.search(text)) is not None:
+            return self._finding(FindingKind.GPU_LOST, m["pci"], None, text)
+        return None
+
+    def parse(self, lines: Iterable[str]) -> list[Finding]:
+        return [f for line in lines if (f := self.parse_line(line)) is not None]
+
+    def _xid_finding(self, m: re.Match, text: str) -> Finding:
+        code, rest = int(m["xid"]), m["rest"] or ""
+        if code == 154 and (r := _RECOVERY.search(rest)) is not None:
+            action = RECOVERY_ACTION_BY_CODE.get(int(r["code"], 16))
+            return self._finding(FindingKind.RECOVERY_ACTION, m["pci"], code, text, recovery_action=action)
+        fatal = None
+        if 144 <= code <= 150 and (f := _FATALITY.search(rest)) is not None:
+            fatal = f["sev"] == "Fatal"  # NVLink5: the subcode's severity decides the action
+        return self._finding(FindingKind.XID, m["pci"], code, text, fatal=fatal)
+
+    def _finding(self, kind: FindingKind, pci: str, xid: int | None, text: str, **extra) -> Finding:
+        key = bus_key(pci)
+        message = text[text.index("NVRM:"):] if "NVRM:" in text else text
+        return Finding(kind=kind, xid=xid, pci=pci, uuid=self._uuids.get(key), gpu_index=self._index.get(key),
+                       message=message[:2000], **extra)

@@ -1,0 +1,1 @@
+"""The simulated fleet: fake Kubernetes API server, simulated GPUs, cloud emulator wiring."""

@@ -1,0 +1,171 @@
+"""A simulated NVML with the `pynvml` call names and error types, driven by injected faults."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import pynvml
+
+GENERATION_PCI_WIDTH = 16
+NVLINKS = {"ampere": 12, "hopper": 18, "blackwell": 18}
+
+
+@dataclass
+class SimGpu:
+    index: int
+    uuid: str
+    serial: str
+    pci: str
+    nvlinks: int = 18
+    ecc_uncorrected: int = 0
+    remap_pending: bool = False
+    remap_failure: bool = False
+    recovery_action: int = 0
+    pcie_width: int = GENERATION_PCI_WIDTH
+    links_down: set[int] = field(default_factory=set)
+    clock_reasons: int = 0
+    temperature: int = 45
+    mig: bool = False
+    lost: bool = False
+    processes: list[tuple[int, int]] = field(default_factory=list)  # (pid, used bytes)
+
+
+class SimulatedNvml:
+    """Drop-in for the `pynvml` module in the probes: same function names, same exceptions."""
+
+    FAULT_KINDS = ("xid", "ecc_dbe", "row_remap_failure", "row_remap_pending", "gpu_lost", "pcie_degraded",
+                   "nvlink_down", "thermal", "nvml_missing", "recovery_action")
+
+    def __init__(self, node: str = "sim", gpus: int = 8, generation: str = "hopper"):
+        self.gpus = [SimGpu(index=i, uuid=f"GPU-{node}-{i:02d}", serial=f"SN-{node}-{i // 2}",
+                            pci=f"00000000:{0x18 + 0x10 * i:02x}:00.0", nvlinks=NVLINKS[generation])
+                     for i in range(gpus)]
+        self.loadable = True
+        self.hidden: set[int] = set()  # GPUs that fell off the bus and no longer enumerate
+        self._events: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()
+
+    # --- fault injection (scenario kinds) ------------------------------------------------------
+    def inject(self, kind: str, gpu: int = 0, xid: int | None = None) -> None:
+        g = self.gpus[gpu]
+        with self._lock:
+            if kind == "xid":
+                self._events.put(SimpleNamespace(device=g.index, eventType=pynvml.nvmlEventTypeXidCriticalError,
+                                                 eventData=xid, gpuInstanceId=0, computeInstanceId=0))
+            elif kind == "ecc_dbe":
+                g.ecc_uncorrected += 1
+                self._events.put(SimpleNamespace(device=g.index, eventType=pynvml.nvmlEventTypeDoubleBitEccError,
+                                                 eventData=0, gpuInstanceId=0, computeInstanceId=0))
+            elif kind == "row_remap_failure":
+                g.remap_failure = True
+            elif kind == "row_remap_pending":
+                g.remap_pending = True
+            elif kind == "gpu_lost":
+                g.lost = True
+            elif kind == "pcie_degraded":
+                g.pcie_width = 8
+            elif kind == "nvlink_down":
+                g.links_down = {0, 1}
+            elif kind == "thermal":
+                g.clock_reasons, g.temperature = pynvml.nvmlClocksEventReasonHwThermalSlowdown, 92
+            elif kind == "nvml_missing":
+                self.loadable = False
+            elif kind == "recovery_action":
+                g.recovery_action = 2  # NODE_REBOOT
+            else:
+                raise ValueError(f"unknown simulated fault kind {kind!r}: one of {', '.join(self.FAULT_KINDS)}")
+
+    def clear(self) -> None:
+        """What a cure does: every GPU healthy again."""
+        with self._lock:
+            for g in self.gpus:
+                g.ecc_uncorrected, g.remap_pending, g.remap_failure, g.recovery_action = 0, False, False, 0
+                g.pcie_width, g.links_down, g.clock_reasons, g.temperature, g.lost = GENERATION_PCI_WIDTH, set(), 0, 45, False
+            self.loadable, self.hidden = True, set()
+            self._events = queue.Queue()
+
+    # --- the pynvml API ------------------------------------------------------------------------
+    def nvmlInit(self) -> None:  # noqa: N802 - pynvml's names
+        if not self.loadable:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+
+    def nvmlShutdown(self) -> None:  # noqa: N802
+        pass
+
+    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
+        return len(self.gpus) - len(self.hidden)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> SimGpu:  # noqa: N802
+        return self.gpus[index]
+
+    def nvmlDeviceGetIndex(self, h) -> int:  # noqa: N802
+        return h if isinstance(h, int) else h.index
+
+    def _alive(self, h: SimGpu) -> SimGpu:
+        if h.lost:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+        return h
+
+    def nvmlDeviceGetUUID(self, h) -> str:  # noqa: N802
+        return self._alive(h).uuid
+
+    def nvmlDeviceGetSerial(self, h) -> str:  # noqa: N802
+        return self._alive(h).serial
+
+    def nvmlDeviceGetPciInfo(self, h):  # noqa: N802
+        return SimpleNamespace(busId=self._alive(h).pci)
+
+    def nvmlDeviceGetTotalEccErrors(self, h, error_type, counter_type) -> int:  # noqa: N802
+        return self._alive(h).ecc_uncorrected
+
+    def nvmlDeviceGetRemappedRows(self, h):  # noqa: N802
+        g = self._alive(h)
+        return (0, 1 if g.remap_failure else 0, int(g.remap_pending), int(g.remap_failure))
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, h) -> int:  # noqa: N802
+        return 0
+
+    def nvmlDeviceGetFieldValues(self, h, field_ids):  # noqa: N802
+        g = self._alive(h)
+        return [SimpleNamespace(fieldId=f, nvmlReturn=pynvml.NVML_SUCCESS, value=SimpleNamespace(uiVal=g.recovery_action))
+                for f in field_ids]
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, h) -> int:  # noqa: N802
+        return self._alive(h).pcie_width
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, h) -> int:  # noqa: N802
+        return GENERATION_PCI_WIDTH
+
+    def nvmlDeviceGetNvLinkState(self, h, link: int) -> int:  # noqa: N802
+        g = self._alive(h)
+        if link >= g.nvlinks:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return 0 if link in g.links_down else 1
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h) -> int:  # noqa: N802
+        return self._alive(h).clock_reasons
+
+    def nvmlDeviceGetTemperature(self, h, sensor) -> int:  # noqa: N802
+        return self._alive(h).temperature
+
+    def nvmlDeviceGetMigMode(self, h):  # noqa: N802
+        g = self._alive(h)
+        return [int(g.mig), int(g.mig)]
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h):  # noqa: N802
+        return [SimpleNamespace(pid=pid, usedGpuMemory=mem) for pid, mem in self._alive(h).processes]
+
+    def nvmlEventSetCreate(self):  # noqa: N802
+        return self._events
+
+    def nvmlDeviceRegisterEvents(self, h, mask, es) -> None:  # noqa: N802
+        self._alive(h)
+
+    def nvmlEventSetWait_v2(self, es, timeout_ms: int):  # noqa: N802
+        try:
+            return self._events.get(timeout=timeout_ms / 1000)
+        except queue.Empty:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT) from None
