@@ -70,6 +70,40 @@ def cmd_probe_kmsg(args) -> int:
     return 0
 
 
+NPD_MESSAGE_MAX = 80  # node-problem-detector truncates custom plugin output at 80 characters
+
+
+def cmd_probe_nvml(args) -> int:
+    """Exit 0 healthy, 1 a fault found; with --npd, 2 when the checks could not run (NPD's Unknown)."""
+    import pynvml
+
+    from health.nvml import probe_nvml
+    from policies.classify import classify
+    from policies.loader import default_policy
+
+    result = probe_nvml(pynvml, expected_gpus=args.expected_gpus)
+    triage = classify(result.findings, args.generation, default_policy())
+    broken_only = bool(result.findings) and all(f.kind.value == "probe_broken" for f in result.findings)
+    if args.npd:
+        if not result.findings:
+            print(f"{len(result.gpus)} GPUs healthy"[:NPD_MESSAGE_MAX])
+            return 0
+        print(("; ".join(f"{f.label()}: {f.message}" for f in result.findings))[:NPD_MESSAGE_MAX])
+        return 2 if broken_only else 1
+    if args.json:
+        _print_json({"findings": [f.model_dump(mode="json") for f in result.findings],
+                     "gpus": [g.model_dump(mode="json") for g in result.gpus],
+                     "mig_enabled": result.mig_enabled,
+                     "triage": triage.model_dump(mode="json", exclude={"verdicts"})})
+    else:
+        for g in result.gpus:
+            print(f"GPU {g.index}: {g.uuid} serial={g.serial} pci={g.pci}")
+        for f in result.findings:
+            print(f"{f.label()}: {f.message}")
+        print("healthy" if not result.findings else f"unhealthy: {triage.fault_class}, start at {triage.start_rung}")
+    return 0 if not result.findings else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpuheal", description="GPU-fleet remediation on Temporal.")
     p.add_argument("--log-level", default="WARNING")
@@ -92,6 +126,12 @@ def build_parser() -> argparse.ArgumentParser:
     kmsg.add_argument("--generation", default="hopper", choices=["ampere", "hopper", "blackwell"])
     kmsg.add_argument("--json", action="store_true")
     kmsg.set_defaults(func=cmd_probe_kmsg)
+    nvml = probe.add_parser("nvml", help="run the NVML probes on this host")
+    nvml.add_argument("--expected-gpus", type=int, default=None)
+    nvml.add_argument("--generation", default="hopper", choices=["ampere", "hopper", "blackwell"])
+    nvml.add_argument("--json", action="store_true")
+    nvml.add_argument("--npd", action="store_true", help="node-problem-detector custom plugin protocol")
+    nvml.set_defaults(func=cmd_probe_nvml)
     return p
 
 

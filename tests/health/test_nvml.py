@@ -86,3 +86,18 @@ def test_xid_watcher_without_driver_reports_error():
     w = XidWatcher(pynvml, wait_ms=10).start()
     w.stop()
     assert w.error and "NVML" in w.error
+
+
+def test_cli_probe_nvml_on_a_machine_without_gpu():
+    import json
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-m", "workers.cli", "probe", "nvml", "--json"], capture_output=True, text=True)
+    assert run.returncode == 1
+    doc = json.loads(run.stdout)
+    assert [f["kind"] for f in doc["findings"]] == ["probe_broken"]
+    assert doc["triage"]["start_rung"] == "reset"
+    npd = subprocess.run([sys.executable, "-m", "workers.cli", "probe", "nvml", "--npd"], capture_output=True, text=True)
+    assert npd.returncode == 2  # NPD's "unknown": the check could not run, which is not "OK"
+    assert 0 < len(npd.stdout.strip()) <= 80
