@@ -1,0 +1,154 @@
+"""Node-local activities against the simulated NVML, real processes and stand-in binaries."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
+
+from activities import contracts as c
+from activities.node import NodeActivities
+from health.nics import NicExpectation
+from health.runner import ProbeConfig
+from sim.nvml import SimulatedNvml
+
+
+def tool(tmp_path: Path, name: str, body: str) -> str:
+    p = tmp_path / name
+    p.write_text(f"#!/bin/sh\n{body}\n")
+    p.chmod(0o755)
+    return str(p)
+
+
+@pytest.fixture
+def node(tmp_path):
+    nv = SimulatedNvml("a1", gpus=4)
+    cfg = ProbeConfig(expected_gpus=4, nics=NicExpectation(ports=0), require_nvidia_smi=False,
+                      sysfs_infiniband=tmp_path)
+    acts = NodeActivities(cfg, nv, nvidia_smi=tool(tmp_path, "nvidia-smi", "exit 0"),
+                          dcgmi=str(tmp_path / "no-dcgmi"))
+    return nv, acts
+
+
+async def test_kill_terminates_gpu_processes(node):
+    nv, acts = node
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    nv.gpus[1].processes = [(proc.pid, 1 << 30)]
+    try:
+        result = await ActivityEnvironment().run(acts.kill_gpu_processes, c.KillRequest(node="a1", gpus=[1], grace_s=2))
+        assert [p.pid for p in result.killed] == [proc.pid]
+        assert proc.wait(timeout=5) != 0
+        assert acts.gpu_processes([1]) == []
+    finally:
+        proc.kill()
+
+
+async def test_kill_escalates_to_sigkill(node):
+    nv, acts = node
+    proc = subprocess.Popen([sys.executable, "-c",
+                             "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"],
+                            stdout=subprocess.PIPE)
+    proc.stdout.readline()
+    nv.gpus[0].processes = [(proc.pid, 1)]
+    try:
+        await ActivityEnvironment().run(acts.kill_gpu_processes, c.KillRequest(node="a1", gpus=[0], grace_s=0.3))
+        assert proc.wait(timeout=5) == -9
+    finally:
+        proc.kill()
+
+
+async def test_kill_dry_run_changes_nothing(node):
+    nv, acts = node
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    nv.gpus[2].processes = [(proc.pid, 1)]
+    try:
+        result = await ActivityEnvironment().run(acts.kill_gpu_processes, c.KillRequest(node="a1", dry_run=True))
+        assert result.dry_run and [p.pid for p in result.killed] == [proc.pid]
+        assert proc.poll() is None
+    finally:
+        proc.kill()
+
+
+async def test_reset_refuses_while_processes_remain(node):
+    nv, acts = node
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    nv.gpus[1].processes = [(proc.pid, 1)]
+    try:
+        with pytest.raises(ApplicationError) as err:
+            await ActivityEnvironment().run(acts.reset_gpu, c.ResetRequest(node="a1", gpus=[1]))
+        assert err.value.type == "ProcessesRemain" and err.value.non_retryable
+    finally:
+        proc.kill()
+
+
+async def test_reset_refuses_with_mig(node):
+    nv, acts = node
+    nv.gpus[3].mig = True
+    with pytest.raises(ApplicationError) as err:
+        await ActivityEnvironment().run(acts.reset_gpu, c.ResetRequest(node="a1", gpus=[3]))
+    assert err.value.type == "MigActive"
+
+
+async def test_reset_without_nvidia_smi_fails_closed(node, tmp_path):
+    nv, acts = node
+    acts.nvidia_smi = str(tmp_path / "missing-smi")
+    with pytest.raises(ApplicationError) as err:
+        await ActivityEnvironment().run(acts.reset_gpu, c.ResetRequest(node="a1", gpus=[0]))
+    assert err.value.type == "DependencyMissing"
+
+
+async def test_reset_verified_with_nvml(node, tmp_path):
+    nv, acts = node
+    log = tmp_path / "smi.log"
+    acts.nvidia_smi = tool(tmp_path, "nvidia-smi", f'echo "$@" >> {log}')
+    result = await ActivityEnvironment().run(acts.reset_gpu, c.ResetRequest(node="a1", gpus=[0, 2]))
+    assert result.reset == [0, 2]
+    assert log.read_text().splitlines() == ["-r -i 0", "-r -i 2"]
+
+
+async def test_reset_that_did_not_clear_the_fault_is_no_effect(node):
+    nv, acts = node
+    nv.inject("row_remap_failure", gpu=2)
+    with pytest.raises(ApplicationError) as err:
+        await ActivityEnvironment().run(acts.reset_gpu, c.ResetRequest(node="a1", gpus=[2]))
+    assert err.value.type == "NoEffect" and "row_remap_failure" in str(err.value)
+
+
+async def test_failed_smi_is_retryable(node, tmp_path):
+    nv, acts = node
+    acts.nvidia_smi = tool(tmp_path, "nvidia-smi", "echo 'GPU in use'; exit 3")
+    with pytest.raises(RuntimeError, match="exited 3"):
+        await ActivityEnvironment().run(acts.reset_gpu, c.ResetRequest(node="a1", gpus=[1]))
+
+
+async def test_validate_passes_and_fails(node):
+    nv, acts = node
+    ok = await ActivityEnvironment().run(acts.validate, c.ValidateRequest(node="a1"))
+    assert ok.passed and ok.boot_id
+    nv.inject("ecc_dbe", gpu=1)
+    bad = await ActivityEnvironment().run(acts.validate, c.ValidateRequest(node="a1"))
+    assert not bad.passed and [f.kind for f in bad.findings] == ["ecc_dbe"]
+
+
+async def test_validate_requires_dcgm_when_policy_says(node, tmp_path):
+    nv, acts = node
+    res = await ActivityEnvironment().run(acts.validate, c.ValidateRequest(node="a1", dcgm_required=True))
+    assert not res.passed and "dcgmi required" in res.findings[0].message
+    acts.dcgmi = tool(tmp_path, "dcgmi", "echo diag failed; exit 1")
+    res = await ActivityEnvironment().run(acts.validate, c.ValidateRequest(node="a1", dcgm_level=2))
+    assert not res.passed and "dcgm-r2" in res.checks
+    acts.dcgmi = tool(tmp_path, "dcgmi2", "exit 0")
+    assert (await ActivityEnvironment().run(acts.validate, c.ValidateRequest(node="a1"))).passed
+
+
+async def test_validate_counts_gpus(node):
+    nv, acts = node
+    res = await ActivityEnvironment().run(acts.validate, c.ValidateRequest(node="a1", expected_gpus=8))
+    assert not res.passed and res.findings[0].kind == "gpu_count_mismatch"
+
+
+async def test_boot_id_reads_the_kernel(node):
+    _, acts = node
+    assert len(await ActivityEnvironment().run(acts.boot_id, c.BootIdRequest(node="a1"))) == 36
