@@ -104,6 +104,39 @@ def cmd_probe_nvml(args) -> int:
     return 0 if not result.findings else 1
 
 
+def cmd_agent(args) -> int:
+    """The node agent: probes this host and serves node-local activities on node/<name>."""
+    import signal
+
+    from health.runner import ProbeConfig
+    from workers.agent import AgentConfig, run_agent
+    from workers.temporal_client import connect
+
+    try:
+        policy = load_policy(args.policy)
+    except PolicyError as err:
+        print(f"gpuheal agent: {err}", file=sys.stderr)
+        return 2
+    config = AgentConfig(node=args.node, policy=policy, cluster=args.cluster, task_queue=args.task_queue,
+                         generation=args.generation, poll_interval_s=args.poll_interval,
+                         probe=ProbeConfig(expected_gpus=args.expected_gpus, generation=args.generation))
+
+    async def run() -> int:
+        try:
+            client = await connect(args.temporal, args.namespace)
+        except Exception as err:  # noqa: BLE001 - one line, not a stack trace
+            print(f"gpuheal agent: cannot reach Temporal at {args.temporal}: {err}", file=sys.stderr)
+            return 2
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await run_agent(client, config, stop)
+        return 0
+
+    return asyncio.run(run())
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpuheal", description="GPU-fleet remediation on Temporal.")
     p.add_argument("--log-level", default="WARNING")
@@ -132,6 +165,18 @@ def build_parser() -> argparse.ArgumentParser:
     nvml.add_argument("--json", action="store_true")
     nvml.add_argument("--npd", action="store_true", help="node-problem-detector custom plugin protocol")
     nvml.set_defaults(func=cmd_probe_nvml)
+
+    agent = sub.add_parser("agent", help="run the node agent on this GPU node")
+    agent.add_argument("--node", required=True)
+    agent.add_argument("--temporal", default="127.0.0.1:7233", help="HOST:PORT of the Temporal frontend")
+    agent.add_argument("--namespace", default="default")
+    agent.add_argument("--task-queue", default="gpuheal")
+    agent.add_argument("--cluster", default="default")
+    agent.add_argument("--policy", default="default")
+    agent.add_argument("--generation", default="hopper", choices=["ampere", "hopper", "blackwell"])
+    agent.add_argument("--expected-gpus", type=int, default=8)
+    agent.add_argument("--poll-interval", type=float, default=10.0)
+    agent.set_defaults(func=cmd_agent)
     return p
 
 

@@ -1,23 +1,8 @@
-from pathlib import Path
-
 import pytest
 
 from health.nics import NicExpectation, probe_nics, read_ports
-
-
-def make_tree(root: Path, ports: list[tuple[str, str, str]]) -> Path:
-    """ports: (state, phys_state, rate) per port, one device each, as sysfs lays them out."""
-    for i, (state, phys, rate) in enumerate(ports):
-        p = root / f"mlx5_{i}" / "ports" / "1"
-        (p / "counters").mkdir(parents=True)
-        (p / "state").write_text(state + "\n")
-        (p / "phys_state").write_text(phys + "\n")
-        (p / "rate").write_text(rate + "\n")
-        (p / "counters" / "link_downed").write_text("3\n")
-    return root
-
-
-UP = ("4: ACTIVE", "5: LinkUp", "400 Gb/sec (4X NDR)")
+from sim.sysfs import PORT_UP as UP
+from sim.sysfs import write_ib_ports as make_tree
 
 
 def test_all_up(tmp_path):

@@ -1,0 +1,71 @@
+"""The agent against the time-skipping server: one signal per transition, re-sends while unhealthy."""
+
+import asyncio
+
+from temporalio.api.enums.v1 import EventType
+
+from health.nics import NicExpectation
+from health.runner import ProbeConfig
+from policies.loader import default_policy
+from sim.nvml import SimulatedNvml
+from tests.workflows.fakes import FakeFleet, FakeNode
+from workers.agent import Agent, AgentConfig
+from workflows.node_remediation import NodeRemediation
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+async def signals(handle) -> int:
+    events = [e async for e in handle.fetch_history_events()]
+    return sum(1 for e in events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED)
+
+
+async def test_agent_signals_once_per_transition_and_resends(ts_env, uniq, tmp_path):
+    policy = default_policy()
+    policy.ladder.reset.requires_approval = True  # park the episode: this test is about the agent
+    node = f"agent-{uniq}"
+    fleet = FakeFleet(client=ts_env.client, task_queue=f"tq-{uniq}", policy=policy, cluster=f"c-{uniq}")
+    fleet.add(FakeNode(node, []))  # the cluster side of the node, for the workflow's activities
+    nv, clock = SimulatedNvml(node, gpus=8), Clock()
+    probe = ProbeConfig(expected_gpus=8, nics=NicExpectation(ports=0), require_nvidia_smi=False,
+                        sysfs_infiniband=tmp_path)
+    agent = Agent(ts_env.client, AgentConfig(node=node, policy=policy, cluster=fleet.cluster, task_queue=fleet.task_queue,
+                                             probe=probe, persist_polls=3, resend_interval_s=300),
+                  nv, boot_id="boot-1", clock=clock)
+    async with fleet.workers():
+        assert await agent.step() is None, "healthy at start: nothing to say"
+        nv.inject("row_remap_pending", gpu=1)  # non-fatal: needs 3 polls in a row
+        assert await agent.step() is None
+        assert await agent.step() is None
+        first = await agent.step()
+        assert first is not None and [f.kind for f in first.findings] == ["row_remap_pending"]
+        handle = ts_env.client.get_workflow_handle(f"remediate/{node}")
+        for _ in range(3):
+            clock.t += 10
+            assert await agent.step() is None, "same findings: no new signal"
+        nv.inject("ecc_dbe", gpu=3)  # fatal: at once, and the findings changed
+        changed = await agent.step()
+        assert changed is not None and {f.kind for f in changed.findings} == {"row_remap_pending", "ecc_dbe"}
+        clock.t += 301
+        resent = await agent.step()
+        assert resent is not None and resent.seq == changed.seq + 1, "re-sent while unhealthy"
+        assert agent.signals == 3
+        for _ in range(40):  # the test server records a signal a moment after accepting it
+            if await signals(handle) >= 3:
+                break
+            await asyncio.sleep(0.05)
+        assert await signals(handle) == 3
+        status = await handle.query(NodeRemediation.status)
+        assert status.rejected_total == 0
+        nv.clear()
+        recovered = await agent.step()
+        assert recovered is not None and recovered.findings == []
+        assert await agent.step() is None
+        await handle.terminate("test over")
+    assert agent.signals == 4

@@ -1,0 +1,122 @@
+"""The node agent: probe loop with hysteresis, reports on transitions, and the node-local worker."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pynvml
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from activities import contracts as c
+from activities.node import NodeActivities
+from health.nvml import XidWatcher
+from health.runner import ProbeConfig, run_cycle
+from policies.classify import judge
+from policies.findings import Finding, HealthReport
+from policies.model import Generation, Policy
+from workers.reporting import send_report
+
+AGENT_VERSION = "gpuheal-agent/0.1"
+log = logging.getLogger("gpuheal.agent")
+
+
+@dataclass
+class AgentConfig:
+    node: str
+    policy: Policy
+    cluster: str = "default"
+    task_queue: str = "gpuheal"
+    generation: Generation = Generation.HOPPER
+    probe: ProbeConfig = field(default_factory=ProbeConfig)
+    poll_interval_s: float = 10.0
+    persist_polls: int = 3  # a non-fatal finding must be seen this many polls in a row
+    resend_interval_s: float = 300.0  # while unhealthy, re-send so a lost signal heals
+    event_hold_s: float = 600.0  # how long a one-shot Xid event counts as a current finding
+
+
+def _key(f: Finding) -> tuple:
+    return f.kind.value, f.xid, f.gpu_index, f.recovery_action
+
+
+class Agent:
+    def __init__(self, client: Client, config: AgentConfig, nv=pynvml, boot_id: str | None = None, clock=time.monotonic):
+        self.client, self.config, self.nv, self.clock = client, config, nv, clock
+        self.boot_id = boot_id or Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        self.seq = 0
+        self.streak: dict[tuple, int] = {}
+        self.events: dict[tuple, tuple[Finding, float]] = {}
+        self.sent: tuple = ()  # fingerprint of what the workflow last heard; () = healthy
+        self.sent_at: float | None = None
+        self.signals = 0
+
+    def add_events(self, findings: list[Finding]) -> None:
+        now = self.clock()
+        for f in findings:
+            self.events[_key(f)] = (f, now)
+
+    def confirmed(self, findings: list[Finding]) -> list[Finding]:
+        """Hysteresis: fatal findings count at once; the rest must persist `persist_polls` polls."""
+        now, cfg = self.clock(), self.config
+        self.events = {k: (f, t) for k, (f, t) in self.events.items() if now - t < cfg.event_hold_s}
+        current = {_key(f): f for f in findings} | {k: f for k, (f, _) in self.events.items()}
+        self.streak = {k: self.streak.get(k, 0) + 1 for k in current}
+        out = []
+        for k, f in sorted(current.items(), key=lambda kv: str(kv[0])):
+            fatal = judge(f, cfg.generation, cfg.policy).severity == "fatal"
+            if fatal or self.streak[k] >= cfg.persist_polls:
+                out.append(f)
+        return out
+
+    async def step(self) -> HealthReport | None:
+        """One poll; returns the report it sent, if any."""
+        snap = await asyncio.to_thread(run_cycle, self.config.probe, self.nv)
+        findings = self.confirmed(snap.findings)
+        fingerprint = tuple(sorted(str(_key(f)) for f in findings))
+        now = self.clock()
+        due = bool(findings) and self.sent_at is not None and now - self.sent_at >= self.config.resend_interval_s
+        if fingerprint == self.sent and not due:
+            return None
+        self.seq += 1
+        report = HealthReport(node=self.config.node, boot_id=self.boot_id, seq=self.seq, source="agent",
+                              agent_version=AGENT_VERSION, detected_at=datetime.now(UTC), gpus=snap.gpus,
+                              findings=findings)
+        await send_report(self.client, report, node=self.config.node, policy=self.config.policy,
+                          generation=self.config.generation, cluster=self.config.cluster,
+                          task_queue=self.config.task_queue, expected_gpus=self.config.probe.expected_gpus)
+        self.sent, self.sent_at, self.signals = fingerprint, now, self.signals + 1
+        log.info("node %s: sent report seq %d with %d findings", self.config.node, self.seq, len(findings))
+        return report
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Poll every interval; an NVML event wakes the loop at once."""
+        watcher = XidWatcher(self.nv).start()
+        try:
+            while not stop.is_set():
+                if watcher.error:
+                    self.add_events([Finding(kind="probe_broken", message=watcher.error)])
+                self.add_events(watcher.drain())
+                try:
+                    await self.step()
+                except Exception:  # noqa: BLE001 - the loop must outlive a failed send; it retries next poll
+                    log.exception("probe cycle failed on %s", self.config.node)
+                deadline = self.clock() + self.config.poll_interval_s
+                while not stop.is_set() and self.clock() < deadline and watcher.events.empty():
+                    await asyncio.sleep(0.1)
+        finally:
+            watcher.stop()
+
+
+async def run_agent(client: Client, config: AgentConfig, stop: asyncio.Event, nv=pynvml) -> None:
+    """The probe loop and the node-local worker (task queue node/<name>) together."""
+    activities = NodeActivities(config.probe, nv)
+    worker = Worker(client, task_queue=c.node_task_queue(config.node),
+                    activities=[activities.kill_gpu_processes, activities.reset_gpu, activities.validate,
+                                activities.boot_id])
+    async with worker:
+        await Agent(client, config, nv).run(stop)
