@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable
+from pathlib import Path
 
 from policies.findings import RECOVERY_ACTION_BY_CODE, Finding, FindingKind
 
@@ -59,3 +61,48 @@ class KmsgParser:
         message = text[text.index("NVRM:"):] if "NVRM:" in text else text
         return Finding(kind=kind, xid=xid, pci=pci, uuid=self._uuids.get(key), gpu_index=self._index.get(key),
                        message=message[:2000], **extra)
+
+
+class KmsgFollower:
+    """New kernel-log lines since the last poll, never blocking: /dev/kmsg records or a growing file.
+
+    /dev/kmsg hands out one record per read and EAGAIN at the end (opened non-blocking); a file
+    (a journal export, a test log) is followed by offset and re-read from the start if it shrinks.
+    """
+
+    def __init__(self, path: str | Path = "/dev/kmsg"):
+        self.path = Path(path)
+        self._fd: int | None = None
+        self._offset = 0
+        self._partial = b""
+
+    def poll(self) -> list[str]:
+        """Raises OSError when the log cannot be read: the caller turns that into probe_broken."""
+        if self.path.is_char_device():
+            return self._poll_kmsg()
+        size = self.path.stat().st_size
+        if size < self._offset:
+            self._offset, self._partial = 0, b""
+        with self.path.open("rb") as fh:
+            fh.seek(self._offset)
+            data = self._partial + fh.read()
+        self._offset = size
+        *lines, self._partial = data.split(b"\n")
+        return [line.decode(errors="replace") for line in lines]
+
+    def _poll_kmsg(self) -> list[str]:
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
+        out = []
+        while True:
+            try:
+                out.append(os.read(self._fd, 8192).decode(errors="replace"))
+            except BlockingIOError:
+                return out
+            except BrokenPipeError:
+                continue  # EPIPE: records were overwritten before we read them; carry on from the next
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

@@ -23,7 +23,9 @@ def _text(value: Any) -> str:
 
 
 @dataclass
-class NvmlProbeResult:
+class ProbeResult:
+    """What a probe (or a whole cycle of them) found, and the GPUs it saw."""
+
     findings: list[Finding] = field(default_factory=list)
     gpus: list[GpuIds] = field(default_factory=list)
     mig_enabled: list[int] = field(default_factory=list)
@@ -33,7 +35,7 @@ class NvmlProbeResult:
 class _GpuChecks:
     """The per-GPU checks; each NVML call that fails in an unexpected way becomes a finding."""
 
-    def __init__(self, nv, index: int, result: NvmlProbeResult):
+    def __init__(self, nv, index: int, result: ProbeResult):
         self.nv, self.index, self.result = nv, index, result
         self.ids: GpuIds | None = None
 
@@ -126,9 +128,9 @@ class _GpuChecks:
             self.result.mig_enabled.append(self.index)
 
 
-def probe_nvml(nv=pynvml, expected_gpus: int | None = None) -> NvmlProbeResult:
+def probe_nvml(nv=pynvml, expected_gpus: int | None = None) -> ProbeResult:
     """Every NVML check on this host. NVML missing is `probe_broken`, never healthy."""
-    result = NvmlProbeResult(checks=["nvml"])
+    result = ProbeResult(checks=["nvml"])
     try:
         nv.nvmlInit()
     except pynvml.NVMLError as err:

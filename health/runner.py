@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import concurrent.futures
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pynvml
 
 from health.kmsg import KmsgParser
 from health.nics import DEFAULT_EXPECTATIONS, NicExpectation, probe_nics
-from health.nvml import probe_nvml
+from health.nvml import ProbeResult, probe_nvml
 from policies.findings import Finding, FindingKind, GpuIds
 
 
@@ -31,14 +31,6 @@ class ProbeConfig:
         return self.nics if self.nics is not None else DEFAULT_EXPECTATIONS.get(self.generation, NicExpectation())
 
 
-@dataclass
-class ProbeSnapshot:
-    findings: list[Finding] = field(default_factory=list)
-    gpus: list[GpuIds] = field(default_factory=list)
-    mig_enabled: list[int] = field(default_factory=list)
-    checks: list[str] = field(default_factory=list)
-
-
 def dependency_findings(config: ProbeConfig) -> list[Finding]:
     out = []
     if config.require_nvidia_smi and shutil.which("nvidia-smi") is None:
@@ -53,11 +45,11 @@ def dependency_findings(config: ProbeConfig) -> list[Finding]:
     return out
 
 
-def run_cycle(config: ProbeConfig, nv=pynvml, pool: concurrent.futures.Executor | None = None) -> ProbeSnapshot:
+def run_cycle(config: ProbeConfig, nv=pynvml, pool: concurrent.futures.Executor | None = None) -> ProbeResult:
     """All probes; one that raises or hangs past its timeout is a probe_broken finding naming it."""
     own = pool is None
     pool = pool or concurrent.futures.ThreadPoolExecutor(max_workers=3, thread_name_prefix="probe")
-    snap = ProbeSnapshot(checks=["nvml", "nics", "dependencies"])
+    snap = ProbeResult(checks=["nvml", "nics", "dependencies"])
     futures = {
         "nvml": pool.submit(probe_nvml, nv, config.expected_gpus),
         "nics": pool.submit(probe_nics, config.nic_expectation(), config.sysfs_infiniband),

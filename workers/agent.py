@@ -15,8 +15,9 @@ from temporalio.worker import Worker
 
 from activities import contracts as c
 from activities.node import NodeActivities
+from health.kmsg import KmsgFollower
 from health.nvml import XidWatcher
-from health.runner import ProbeConfig, run_cycle
+from health.runner import ProbeConfig, kmsg_findings, run_cycle
 from policies.classify import judge
 from policies.findings import Finding, HealthReport
 from policies.model import Generation, Policy
@@ -38,6 +39,7 @@ class AgentConfig:
     persist_polls: int = 3  # a non-fatal finding must be seen this many polls in a row
     resend_interval_s: float = 300.0  # while unhealthy, re-send so a lost signal heals
     event_hold_s: float = 600.0  # how long a one-shot Xid event counts as a current finding
+    kmsg: Path | None = Path("/dev/kmsg")  # the fallback when NVML events are missing; None: off
 
 
 def _key(f: Finding) -> tuple:
@@ -54,6 +56,7 @@ class Agent:
         self.sent: tuple = ()  # fingerprint of what the workflow last heard; () = healthy
         self.sent_at: float | None = None
         self.signals = 0
+        self.kmsg = KmsgFollower(config.kmsg) if config.kmsg is not None else None
 
     def add_events(self, findings: list[Finding]) -> None:
         now = self.clock()
@@ -76,6 +79,11 @@ class Agent:
     async def step(self) -> HealthReport | None:
         """One poll; returns the report it sent, if any."""
         snap = await asyncio.to_thread(run_cycle, self.config.probe, self.nv)
+        if self.kmsg is not None:
+            try:
+                self.add_events(kmsg_findings(self.kmsg.poll(), snap.gpus))
+            except OSError as err:
+                snap.findings.append(Finding(kind="probe_broken", message=f"kernel log {self.kmsg.path}: {err.strerror}"))
         findings = self.confirmed(snap.findings)
         fingerprint = tuple(sorted(str(_key(f)) for f in findings))
         now = self.clock()

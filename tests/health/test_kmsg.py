@@ -93,3 +93,18 @@ def test_cli_probe_kmsg_unreadable(tmp_path):
     run = subprocess.run([sys.executable, "-m", "workers.cli", "probe", "kmsg", str(tmp_path / "missing")],
                          capture_output=True, text=True)
     assert run.returncode == 2 and "cannot read" in run.stderr
+
+
+def test_follower_reads_only_new_lines(tmp_path):
+    from health.kmsg import KmsgFollower
+
+    log = tmp_path / "k.log"
+    log.write_text("one\ntw")
+    f = KmsgFollower(log)
+    assert f.poll() == ["one"]
+    with log.open("a") as fh:
+        fh.write("o\nthree\n")
+    assert f.poll() == ["two", "three"]
+    assert f.poll() == []
+    log.write_text("new\n")  # rotated: shorter than before
+    assert f.poll() == ["new"]

@@ -36,7 +36,7 @@ async def test_agent_signals_once_per_transition_and_resends(ts_env, uniq, tmp_p
     probe = ProbeConfig(expected_gpus=8, nics=NicExpectation(ports=0), require_nvidia_smi=False,
                         sysfs_infiniband=tmp_path)
     agent = Agent(ts_env.client, AgentConfig(node=node, policy=policy, cluster=fleet.cluster, task_queue=fleet.task_queue,
-                                             probe=probe, persist_polls=3, resend_interval_s=300),
+                                             probe=probe, persist_polls=3, resend_interval_s=300, kmsg=None),
                   nv, boot_id="boot-1", clock=clock)
     async with fleet.workers():
         assert await agent.step() is None, "healthy at start: nothing to say"
@@ -69,3 +69,31 @@ async def test_agent_signals_once_per_transition_and_resends(ts_env, uniq, tmp_p
         assert await agent.step() is None
         await handle.terminate("test over")
     assert agent.signals == 4
+
+
+async def test_agent_reports_kernel_log_xid_and_fails_closed_on_unreadable_log(ts_env, uniq, tmp_path):
+    policy = default_policy()
+    policy.ladder.reboot.requires_approval = True
+    node = f"kmsg-{uniq}"
+    fleet = FakeFleet(client=ts_env.client, task_queue=f"tq-{uniq}", policy=policy, cluster=f"c-{uniq}")
+    fleet.add(FakeNode(node, []))
+    log = tmp_path / "kmsg.log"
+    log.write_text("NVRM: loading driver\n")
+    probe = ProbeConfig(expected_gpus=8, nics=NicExpectation(ports=0), require_nvidia_smi=False,
+                        sysfs_infiniband=tmp_path)
+    nv = SimulatedNvml(node, gpus=8)
+    agent = Agent(ts_env.client, AgentConfig(node=node, policy=policy, cluster=fleet.cluster,
+                                             task_queue=fleet.task_queue, probe=probe, kmsg=log),
+                  nv, boot_id="boot-1", clock=Clock())
+    async with fleet.workers():
+        assert await agent.step() is None
+        with log.open("a") as fh:  # GPU 2 of the simulated node sits at bus 0000:38:00
+            fh.write("[ 99.1] NVRM: Xid (PCI:0000:38:00): 79, GPU has fallen off the bus.\n")
+        report = await agent.step()
+        assert report is not None
+        [f] = report.findings
+        assert (f.xid, f.gpu_index, f.uuid) == (79, 2, f"GPU-{node}-02")
+        log.unlink()
+        broken = await agent.step()
+        assert broken is not None and any(f.kind == "probe_broken" for f in broken.findings)
+        await ts_env.client.get_workflow_handle(f"remediate/{node}").terminate("test over")
