@@ -195,7 +195,7 @@ class XidWatcher:
                     data = nv.nvmlEventSetWait_v2(es, self.wait_ms)
                 except pynvml.NVMLError_Timeout:
                     continue
-                index = nv.nvmlDeviceGetIndex(data.device) if hasattr(nv, "nvmlDeviceGetIndex") else None
+                index = nv.nvmlDeviceGetIndex(data.device)
                 if data.eventType & pynvml.nvmlEventTypeDoubleBitEccError:
                     self.events.put(Finding(kind=FindingKind.ECC_DBE, gpu_index=index, uuid=uuids.get(index),
                                             message="NVML double-bit ECC event"))

@@ -1,5 +1,6 @@
 """Node-local activities against the simulated NVML, real processes and stand-in binaries."""
 
+import contextlib
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +23,18 @@ def tool(tmp_path: Path, name: str, body: str) -> str:
     return str(p)
 
 
+@contextlib.contextmanager
+def gpu_process(nv: SimulatedNvml, gpu: int, code: str = "import time; time.sleep(60)"):
+    """A real process that the simulated driver lists on one GPU; killed afterwards whatever happens."""
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    nv.gpus[gpu].processes = [(proc.pid, 1 << 30)]
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 @pytest.fixture
 def node(tmp_path):
     nv = SimulatedNvml("a1", gpus=4)
@@ -34,53 +47,35 @@ def node(tmp_path):
 
 async def test_kill_terminates_gpu_processes(node):
     nv, acts = node
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    nv.gpus[1].processes = [(proc.pid, 1 << 30)]
-    try:
+    with gpu_process(nv, 1) as proc:
         result = await ActivityEnvironment().run(acts.kill_gpu_processes, c.KillRequest(node="a1", gpus=[1], grace_s=2))
         assert [p.pid for p in result.killed] == [proc.pid]
         assert proc.wait(timeout=5) != 0
         assert acts.gpu_processes([1]) == []
-    finally:
-        proc.kill()
 
 
 async def test_kill_escalates_to_sigkill(node):
     nv, acts = node
-    proc = subprocess.Popen([sys.executable, "-c",
-                             "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"],
-                            stdout=subprocess.PIPE)
-    proc.stdout.readline()
-    nv.gpus[0].processes = [(proc.pid, 1)]
-    try:
+    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"
+    with gpu_process(nv, 0, stubborn) as proc:
+        proc.stdout.readline()
         await ActivityEnvironment().run(acts.kill_gpu_processes, c.KillRequest(node="a1", gpus=[0], grace_s=0.3))
         assert proc.wait(timeout=5) == -9
-    finally:
-        proc.kill()
 
 
 async def test_kill_dry_run_changes_nothing(node):
     nv, acts = node
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    nv.gpus[2].processes = [(proc.pid, 1)]
-    try:
+    with gpu_process(nv, 2) as proc:
         result = await ActivityEnvironment().run(acts.kill_gpu_processes, c.KillRequest(node="a1", dry_run=True))
         assert result.dry_run and [p.pid for p in result.killed] == [proc.pid]
         assert proc.poll() is None
-    finally:
-        proc.kill()
 
 
 async def test_reset_refuses_while_processes_remain(node):
     nv, acts = node
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    nv.gpus[1].processes = [(proc.pid, 1)]
-    try:
-        with pytest.raises(ApplicationError) as err:
-            await ActivityEnvironment().run(acts.reset_gpu, c.ResetRequest(node="a1", gpus=[1]))
-        assert err.value.type == "ProcessesRemain" and err.value.non_retryable
-    finally:
-        proc.kill()
+    with gpu_process(nv, 1), pytest.raises(ApplicationError) as err:
+        await ActivityEnvironment().run(acts.reset_gpu, c.ResetRequest(node="a1", gpus=[1]))
+    assert err.value.type == "ProcessesRemain" and err.value.non_retryable
 
 
 async def test_reset_refuses_with_mig(node):
