@@ -1,0 +1,219 @@
+"""Kubernetes side effects: cordon, taint, drain, conditions, events, failure attribution."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+from temporalio import activity
+
+from activities import contracts as c
+from activities.errors import NO_EFFECT, NODE_GONE, PERMISSION_DENIED, fail
+
+ATTRIBUTION_ANNOTATION = "gpuheal.io/failure-attribution"
+FAULT_ANNOTATION = "gpuheal.io/fault"
+DRAIN_DEADLINE_ANNOTATION = "gpuheal.io/drain-deadline"
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+EVENT_SOURCE = "gpuheal"
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class KubeActivities:
+    """Holds its client; the worker builds it from in-cluster config or a kubeconfig."""
+
+    def __init__(self, core: client.CoreV1Api, namespace_for_events: str = "default",
+                 gpu_node_selector: str | None = None):
+        self.core = core
+        self.events_ns = namespace_for_events
+        self.gpu_node_selector = gpu_node_selector
+
+    # --- plumbing ------------------------------------------------------------------------------
+    async def _call(self, verb: str, resource: str, fn: Callable, *args, **kwargs):
+        """One API call off the event loop, its failure mapped to what a retry can and cannot fix."""
+        try:
+            return await asyncio.to_thread(fn, *args, **kwargs)
+        except ApiException as err:
+            if err.status == 404 and resource.startswith("node"):
+                raise fail(NODE_GONE, f"{resource} not found") from None
+            if err.status == 403:
+                raise fail(PERMISSION_DENIED, f"forbidden: {verb} {resource} ({err.reason})", verb=verb,
+                           resource=resource) from None
+            raise  # 409 (re-read on retry), 429, 5xx: retryable
+
+    async def _node(self, name: str) -> client.V1Node:
+        return await self._call("get", f"nodes/{name}", self.core.read_node, name)
+
+    async def _event(self, kind: str, name: str, namespace: str, reason: str, message: str, type_: str = "Normal",
+                     uid: str | None = None) -> None:
+        ts = _now()
+        body = client.CoreV1Event(
+            metadata=client.V1ObjectMeta(generate_name=f"{name}.", namespace=namespace),
+            involved_object=client.V1ObjectReference(kind=kind, name=name, namespace=namespace or None, uid=uid),
+            reason=reason, message=message[:1024], type=type_, first_timestamp=ts, last_timestamp=ts, count=1,
+            source=client.V1EventSource(component=EVENT_SOURCE), reporting_component=EVENT_SOURCE,
+        )
+        await self._call("create", f"events in {namespace}", self.core.create_namespaced_event, namespace, body)
+
+    async def _set_condition(self, node: str, healthy: bool, reason: str, message: str) -> None:
+        cond = {"type": c.CONDITION_TYPE, "status": "True" if healthy else "False", "reason": reason,
+                "message": message[:1024], "lastTransitionTime": _now().isoformat(), "lastHeartbeatTime": _now().isoformat()}
+        await self._call("patch", f"nodes/{node}/status", self.core.patch_node_status, node,
+                         {"status": {"conditions": [cond]}})
+
+    @staticmethod
+    def _has_taint(n: client.V1Node, key: str) -> bool:
+        return any(t.key == key and t.effect == "NoSchedule" for t in n.spec.taints or [])
+
+    @staticmethod
+    def _condition(n: client.V1Node) -> str | None:
+        return next((x.status for x in (n.status.conditions or []) if x.type == c.CONDITION_TYPE), None)
+
+    # --- quarantine / return -------------------------------------------------------------------
+    @activity.defn(name=c.KUBE_QUARANTINE)
+    async def quarantine(self, req: c.QuarantineRequest) -> c.QuarantineResult:
+        n = await self._node(req.node)
+        done = bool(n.spec.unschedulable) and self._has_taint(n, req.taint_key) and self._condition(n) == "False"
+        if req.dry_run or done:
+            return c.QuarantineResult(node=req.node, changed=False, cordoned_at=_now(), dry_run=req.dry_run)
+        taint = {"key": req.taint_key, "value": req.fault_class[:63], "effect": "NoSchedule"}
+        await self._call("patch", f"nodes/{req.node}", self.core.patch_node, req.node,
+                         {"spec": {"unschedulable": True, "taints": [taint]}})
+        await self._set_condition(req.node, False, "GpuFault", req.reason)
+        n = await self._node(req.node)
+        if not (n.spec.unschedulable and self._has_taint(n, req.taint_key)):
+            raise fail(NO_EFFECT, f"cordon of {req.node} did not stick")
+        cordoned_at = _now()
+        await self._event("Node", req.node, self.events_ns, "GpuQuarantined",
+                          f"cordoned and tainted {req.taint_key}={req.fault_class}: {req.reason}", "Warning",
+                          n.metadata.uid)
+        return c.QuarantineResult(node=req.node, changed=True, cordoned_at=cordoned_at)
+
+    @activity.defn(name=c.KUBE_RETURN_TO_SERVICE)
+    async def return_to_service(self, req: c.ReturnToServiceRequest) -> c.ReturnToServiceResult:
+        n = await self._node(req.node)
+        ours = [t for t in n.spec.taints or [] if t.key in req.taint_keys]
+        if req.dry_run or (not n.spec.unschedulable and not ours and self._condition(n) == "True"):
+            return c.ReturnToServiceResult(node=req.node, changed=False, dry_run=req.dry_run)
+        deletes = [{"key": t.key, "effect": t.effect, "$patch": "delete"} for t in ours]
+        await self._call("patch", f"nodes/{req.node}", self.core.patch_node, req.node,
+                         {"spec": {"unschedulable": False, "taints": deletes}})
+        await self._set_condition(req.node, True, "Validated", req.reason)
+        n = await self._node(req.node)
+        if n.spec.unschedulable or any(t.key in req.taint_keys for t in n.spec.taints or []):
+            raise fail(NO_EFFECT, f"uncordon of {req.node} did not stick")
+        await self._event("Node", req.node, self.events_ns, "GpuReturned", f"uncordoned: {req.reason}", "Normal",
+                          n.metadata.uid)
+        return c.ReturnToServiceResult(node=req.node, changed=True)
+
+    @activity.defn(name=c.KUBE_EVENT)
+    async def event(self, req: c.EventRequest) -> None:
+        if not req.dry_run:
+            await self._event("Node", req.node, self.events_ns, req.reason, req.message, req.type)
+
+    @activity.defn(name=c.KUBE_FLEET_SIZE)
+    async def fleet_size(self) -> int:
+        nodes = await self._call("list", "nodes", self.core.list_node, label_selector=self.gpu_node_selector)
+        return len(nodes.items)
+
+    # --- pods ----------------------------------------------------------------------------------
+    async def _pods_on(self, node: str) -> list[client.V1Pod]:
+        pods = await self._call("list", "pods", self.core.list_pod_for_all_namespaces,
+                                field_selector=f"spec.nodeName={node}")
+        return [p for p in pods.items if not _is_daemon_or_mirror(p)]
+
+    @activity.defn(name=c.KUBE_ATTRIBUTE_PODS)
+    async def attribute_pods(self, req: c.AttributePodsRequest) -> c.AttributePodsResult:
+        pods = await self._pods_on(req.node)
+        touched = []
+        for p in pods:
+            ann = p.metadata.annotations or {}
+            name = f"{p.metadata.namespace}/{p.metadata.name}"
+            touched.append(name)
+            if req.dry_run or (ann.get(ATTRIBUTION_ANNOTATION) == req.attribution and ann.get(FAULT_ANNOTATION) == req.fault):
+                continue
+            await self._call("patch", f"pods/{name}", self.core.patch_namespaced_pod, p.metadata.name,
+                             p.metadata.namespace, {"metadata": {"annotations": {
+                                 ATTRIBUTION_ANNOTATION: req.attribution, FAULT_ANNOTATION: req.fault[:256]}}})
+            await self._event("Pod", p.metadata.name, p.metadata.namespace, "GpuFailureAttributed",
+                              f"{req.attribution} fault on node {req.node}: {req.fault}", "Warning", p.metadata.uid)
+        return c.AttributePodsResult(pods=touched)
+
+    @activity.defn(name=c.KUBE_DRAIN)
+    async def drain(self, req: c.DrainRequest) -> c.DrainResult:
+        pods = await self._pods_on(req.node)
+        if req.dry_run:
+            return c.DrainResult(remaining=[f"{p.metadata.namespace}/{p.metadata.name}" for p in pods], dry_run=True)
+        await self._notice(req, pods)
+        result = c.DrainResult()
+        deadline = time.monotonic() + req.deadline_s
+        backoff = 0.2
+        while True:
+            pending = [p for p in await self._pods_on(req.node) if p.metadata.deletion_timestamp is None]
+            if not pending:
+                return result
+            for p in pending:
+                name = f"{p.metadata.namespace}/{p.metadata.name}"
+                try:
+                    await self._call("create", f"pods/{name}/eviction", self.core.create_namespaced_pod_eviction,
+                                     p.metadata.name, p.metadata.namespace, client.V1Eviction(
+                                         metadata=client.V1ObjectMeta(name=p.metadata.name, namespace=p.metadata.namespace),
+                                         delete_options=client.V1DeleteOptions(grace_period_seconds=req.pod_grace_seconds)))
+                    result.evicted.append(name)
+                except ApiException as err:
+                    if err.status == 404:
+                        continue  # already gone
+                    if err.status != 429:
+                        raise
+                    result.pdb_blocked += 1  # the budget says not now: back off, heartbeat, try again
+            activity.heartbeat({"evicted": len(result.evicted), "pdb_blocked": result.pdb_blocked})
+            if time.monotonic() >= deadline and req.timeout_action != "wait":
+                left = [p for p in await self._pods_on(req.node) if p.metadata.deletion_timestamp is None]
+                if req.timeout_action == "force" and req.allow_force:
+                    for p in left:
+                        await self._call("delete", f"pods/{p.metadata.namespace}/{p.metadata.name}",
+                                         self.core.delete_namespaced_pod, p.metadata.name, p.metadata.namespace,
+                                         grace_period_seconds=req.pod_grace_seconds)
+                        result.forced.append(f"{p.metadata.namespace}/{p.metadata.name}")
+                    return result
+                result.remaining = [f"{p.metadata.namespace}/{p.metadata.name}" for p in left]
+                result.timed_out = bool(left)
+                return result
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)
+
+    async def _notice(self, req: c.DrainRequest, pods: list[client.V1Pod]) -> None:
+        """Tell the pods first, so elastic jobs can checkpoint and shrink; a retry does not wait again."""
+        deadline = _now() + timedelta(seconds=req.checkpoint_grace_s)
+        latest = None
+        for p in pods:
+            existing = (p.metadata.annotations or {}).get(DRAIN_DEADLINE_ANNOTATION)
+            if existing:
+                latest = max(latest or existing, existing)
+                continue
+            await self._call("patch", f"pods/{p.metadata.namespace}/{p.metadata.name}", self.core.patch_namespaced_pod,
+                             p.metadata.name, p.metadata.namespace,
+                             {"metadata": {"annotations": {DRAIN_DEADLINE_ANNOTATION: deadline.isoformat()}}})
+            await self._event("Pod", p.metadata.name, p.metadata.namespace, "GpuDrainNotice",
+                              f"node {req.node} drains at {deadline.isoformat()}: checkpoint now", "Warning",
+                              p.metadata.uid)
+            latest = max(latest or deadline.isoformat(), deadline.isoformat())
+        if latest is None:
+            return
+        wait = (datetime.fromisoformat(latest) - _now()).total_seconds()
+        while wait > 0:
+            activity.heartbeat("checkpoint grace")
+            await asyncio.sleep(min(wait, 1.0))
+            wait -= 1.0
+
+
+def _is_daemon_or_mirror(p: client.V1Pod) -> bool:
+    if MIRROR_ANNOTATION in (p.metadata.annotations or {}):
+        return True
+    return any(o.kind == "DaemonSet" for o in p.metadata.owner_references or [])

@@ -1,0 +1,166 @@
+"""Kubernetes activities against the fake API server over HTTP, through the real client."""
+
+import asyncio
+
+import pytest
+from kubernetes import client
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
+
+from activities import contracts as c
+from activities.kube import ATTRIBUTION_ANNOTATION, DRAIN_DEADLINE_ANNOTATION, KubeActivities
+from sim.fake_kube import FakeKubeServer
+
+
+@pytest.fixture
+def kube():
+    server = FakeKubeServer().start()
+    api = client.ApiClient(server.configuration())
+    core = client.CoreV1Api(api)
+    yield server.kube, core, KubeActivities(core)
+    api.close()
+    server.stop()
+
+
+def run(fn, *args):
+    return ActivityEnvironment().run(fn, *args)
+
+
+def taints(core, node):
+    return [(t.key, t.value, t.effect) for t in core.read_node(node).spec.taints or []]
+
+
+async def test_quarantine_and_return_verified_and_idempotent(kube):
+    k, core, acts = kube
+    k.add_node("n1")
+    core.patch_node("n1", {"spec": {"taints": [{"key": "other", "value": "x", "effect": "NoSchedule"}]}})
+    r = await run(acts.quarantine, c.QuarantineRequest(node="n1", fault_class="gpu_lost", reason="Xid 79 on GPU 2"))
+    assert r.changed
+    n = core.read_node("n1")
+    assert n.spec.unschedulable is True
+    assert sorted(taints(core, "n1")) == [("gpuheal.io/quarantine", "gpu_lost", "NoSchedule"), ("other", "x", "NoSchedule")]
+    assert {x.type: x.status for x in n.status.conditions}["GpuHealthy"] == "False"
+    again = await run(acts.quarantine, c.QuarantineRequest(node="n1", fault_class="gpu_lost", reason="retry"))
+    assert not again.changed
+    back = await run(acts.return_to_service, c.ReturnToServiceRequest(node="n1", reason="validated twice"))
+    assert back.changed
+    n = core.read_node("n1")
+    assert not n.spec.unschedulable and taints(core, "n1") == [("other", "x", "NoSchedule")]
+    assert {x.type: x.status for x in n.status.conditions} == {"Ready": "True", "GpuHealthy": "True"}
+    assert not (await run(acts.return_to_service, c.ReturnToServiceRequest(node="n1", reason="again"))).changed
+    reasons = [e.reason for e in core.list_namespaced_event("default").items]
+    assert reasons == ["GpuQuarantined", "GpuReturned"]
+
+
+async def test_missing_node_is_node_gone(kube):
+    _, _, acts = kube
+    with pytest.raises(ApplicationError) as err:
+        await run(acts.quarantine, c.QuarantineRequest(node="ghost", fault_class="x", reason="y"))
+    assert err.value.type == "NodeGone" and err.value.non_retryable
+
+
+async def test_forbidden_names_verb_and_resource(kube):
+    k, _, acts = kube
+    k.add_node("n1")
+    k.inject("PATCH", r"/nodes/n1$", status=403)
+    with pytest.raises(ApplicationError) as err:
+        await run(acts.quarantine, c.QuarantineRequest(node="n1", fault_class="x", reason="y"))
+    assert err.value.type == "PermissionDenied" and "patch nodes/n1" in str(err.value)
+
+
+async def test_transient_errors_are_retryable(kube):
+    k, _, acts = kube
+    k.add_node("n1")
+    k.inject("PATCH", r"/nodes/n1$", status=500, count=1)
+    with pytest.raises(client.rest.ApiException):
+        await run(acts.quarantine, c.QuarantineRequest(node="n1", fault_class="x", reason="y"))
+    assert (await run(acts.quarantine, c.QuarantineRequest(node="n1", fault_class="x", reason="y"))).changed
+
+
+async def test_dry_run_changes_nothing(kube):
+    k, core, acts = kube
+    k.add_node("n1")
+    k.add_pod("p", "n1")
+    rv = core.read_node("n1").metadata.resource_version
+    await run(acts.quarantine, c.QuarantineRequest(node="n1", fault_class="x", reason="y", dry_run=True))
+    d = await run(acts.drain, c.DrainRequest(node="n1", episode="e", checkpoint_grace_s=0, deadline_s=1, dry_run=True))
+    assert d.remaining == ["default/p"] and d.dry_run
+    assert core.read_node("n1").metadata.resource_version == rv
+    assert core.read_namespaced_pod("p", "default").metadata.deletion_timestamp is None
+
+
+async def test_attribution_annotates_pods_on_the_node(kube):
+    k, core, acts = kube
+    k.add_node("n1")
+    k.add_pod("train-0", "n1")
+    k.add_pod("elsewhere", "n2")
+    k.add_pod("ds", "n1", owner_kind="DaemonSet")
+    r = await run(acts.attribute_pods, c.AttributePodsRequest(node="n1", attribution="platform", fault="Xid 79 on GPU 2",
+                                                             episode="e1"))
+    assert r.pods == ["default/train-0"]
+    ann = core.read_namespaced_pod("train-0", "default").metadata.annotations
+    assert ann[ATTRIBUTION_ANNOTATION] == "platform" and ann["gpuheal.io/fault"] == "Xid 79 on GPU 2"
+    assert ATTRIBUTION_ANNOTATION not in (core.read_namespaced_pod("elsewhere", "default").metadata.annotations or {})
+
+
+async def test_drain_respects_pdb_then_escalates(kube):
+    k, core, acts = kube
+    k.add_node("n1")
+    for i in range(3):
+        k.add_pod(f"w{i}", f"n{i}", labels={"job": "train"})
+    k.add_pod("solo", "n1")
+    k.add_pod("ds", "n1", owner_kind="DaemonSet")
+    k.add_pod("mirror", "n1", annotations={"kubernetes.io/config.mirror": "abc"})
+    k.add_pdb("train", {"job": "train"}, min_available=3)
+    beats = []
+    env = ActivityEnvironment()
+    env.on_heartbeat = beats.append
+    r = await env.run(acts.drain, c.DrainRequest(node="n1", episode="e", checkpoint_grace_s=0.5, deadline_s=1.5,
+                                                 pod_grace_seconds=0))
+    assert r.evicted == ["default/solo"]
+    assert r.remaining == ["default/w1"] and r.timed_out and r.pdb_blocked >= 1
+    assert beats, "the drain heartbeats while blocked"
+    assert DRAIN_DEADLINE_ANNOTATION in core.read_namespaced_pod("w1", "default").metadata.annotations
+    assert all(e.respected_budget for e in k.evictions)
+    assert {p.metadata.name for p in core.list_pod_for_all_namespaces(field_selector="spec.nodeName=n1").items} == \
+        {"w1", "ds", "mirror"}
+
+
+async def test_drain_succeeds_once_budget_allows(kube):
+    k, core, acts = kube
+    k.add_node("n1")
+    for i in range(3):
+        k.add_pod(f"w{i}", "n1" if i == 0 else f"m{i}", labels={"job": "train"})
+    k.add_pdb("train", {"job": "train"}, min_available=3)
+
+    async def replacement_comes_up():
+        await asyncio.sleep(0.8)
+        k.add_pod("w3", "m3", labels={"job": "train"})  # the job's controller schedules a spare
+
+    asyncio.get_running_loop().create_task(replacement_comes_up())
+    r = await run(acts.drain, c.DrainRequest(node="n1", episode="e", checkpoint_grace_s=0, deadline_s=10,
+                                             pod_grace_seconds=0))
+    assert r.evicted == ["default/w0"] and not r.timed_out and r.pdb_blocked >= 1
+    assert all(e.respected_budget for e in k.evictions)
+
+
+async def test_drain_force_only_when_allowed(kube):
+    k, core, acts = kube
+    k.add_node("n1")
+    k.add_pod("w0", "n1", labels={"job": "t"})
+    k.add_pdb("t", {"job": "t"}, min_available=1)
+    r = await run(acts.drain, c.DrainRequest(node="n1", episode="e", checkpoint_grace_s=0, deadline_s=0.3,
+                                             timeout_action="force", allow_force=False, pod_grace_seconds=0))
+    assert r.remaining == ["default/w0"] and not r.forced
+    r = await run(acts.drain, c.DrainRequest(node="n1", episode="e", checkpoint_grace_s=0, deadline_s=0.3,
+                                             timeout_action="force", allow_force=True, pod_grace_seconds=0))
+    assert r.forced == ["default/w0"]
+
+
+async def test_fleet_size_counts_gpu_nodes(kube):
+    k, core, _ = kube
+    for i in range(3):
+        k.add_node(f"g{i}", labels={"nvidia.com/gpu.present": "true"})
+    k.add_node("cpu")
+    acts = KubeActivities(core, gpu_node_selector="nvidia.com/gpu.present=true")
+    assert await run(acts.fleet_size) == 3
