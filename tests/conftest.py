@@ -27,3 +27,30 @@ async def ts_env():
 def uniq() -> str:
     """A short id that keeps one test's queues, clusters and nodes apart from the others'."""
     return uuid.uuid4().hex[:8]
+
+
+@pytest.fixture(scope="session")
+def moto_url():
+    """moto's server mode on loopback; boto3 clients point at it with endpoint_url."""
+    import os
+
+    from moto.server import ThreadedMotoServer
+
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def aws(moto_url):
+    """A boto3 client factory against moto, with moto's state reset for each test."""
+    import boto3
+    import requests
+
+    requests.post(f"{moto_url}/moto-api/reset", timeout=10)
+    return lambda service: boto3.client(service, endpoint_url=moto_url, region_name="us-east-1")

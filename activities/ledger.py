@@ -1,0 +1,161 @@
+"""The hardware ledger: remediation records, counts per hardware id, and the denylist of bad boards.
+
+One interface, two stores: SQLite under .gpuheal/ (embedded default) and DynamoDB with
+conditional writes (production), so two controllers racing never lose an update.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import threading
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Protocol
+
+from temporalio import activity
+
+from activities import contracts as c
+
+
+class Ledger(Protocol):
+    def record(self, rec: c.RemediationRecord) -> bool: ...
+    def count_recent(self, hardware_ids: list[str], since: datetime, exclude_episode: str | None) -> int: ...
+    def deny(self, hardware_ids: list[str], node: str, reason: str) -> list[str]: ...
+    def denied(self, hardware_ids: list[str]) -> dict[str, str]: ...
+
+
+class SqliteLedger:
+    def __init__(self, path: str | Path):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self.lock = threading.Lock()
+        with self.lock:
+            self.db.executescript("""
+                PRAGMA journal_mode=WAL;
+                CREATE TABLE IF NOT EXISTS remediation (
+                    episode TEXT PRIMARY KEY, node TEXT, fault_class TEXT, attribution TEXT, rungs TEXT,
+                    outcome TEXT, started_at TEXT, ended_at TEXT);
+                CREATE TABLE IF NOT EXISTS remediation_hw (episode TEXT, hardware_id TEXT, ended_at TEXT,
+                    PRIMARY KEY (episode, hardware_id));
+                CREATE INDEX IF NOT EXISTS remediation_hw_id ON remediation_hw (hardware_id, ended_at);
+                CREATE TABLE IF NOT EXISTS denylist (hardware_id TEXT PRIMARY KEY, node TEXT, reason TEXT, at TEXT);
+            """)
+
+    def record(self, rec: c.RemediationRecord) -> bool:
+        with self.lock:
+            cur = self.db.execute(
+                "INSERT OR IGNORE INTO remediation VALUES (?,?,?,?,?,?,?,?)",
+                (rec.episode, rec.node, rec.fault_class, rec.attribution, json.dumps(rec.rungs), rec.outcome,
+                 rec.started_at.isoformat(), rec.ended_at.isoformat()))
+            self.db.executemany("INSERT OR IGNORE INTO remediation_hw VALUES (?,?,?)",
+                                [(rec.episode, h, rec.ended_at.isoformat()) for h in rec.hardware_ids])
+            return cur.rowcount == 1
+
+    def count_recent(self, hardware_ids: list[str], since: datetime, exclude_episode: str | None) -> int:
+        if not hardware_ids:
+            return 0
+        marks = ",".join("?" * len(hardware_ids))
+        with self.lock:
+            row = self.db.execute(
+                f"SELECT COUNT(DISTINCT episode) FROM remediation_hw WHERE hardware_id IN ({marks}) "
+                "AND ended_at >= ? AND episode != ?", (*hardware_ids, since.isoformat(), exclude_episode or "")).fetchone()
+        return row[0]
+
+    def deny(self, hardware_ids: list[str], node: str, reason: str) -> list[str]:
+        added = []
+        with self.lock:
+            for h in hardware_ids:
+                cur = self.db.execute("INSERT OR IGNORE INTO denylist VALUES (?,?,?,?)",
+                                      (h, node, reason, datetime.now(UTC).isoformat()))
+                if cur.rowcount == 1:
+                    added.append(h)
+        return added
+
+    def denied(self, hardware_ids: list[str]) -> dict[str, str]:
+        if not hardware_ids:
+            return {}
+        marks = ",".join("?" * len(hardware_ids))
+        with self.lock:
+            rows = self.db.execute(f"SELECT hardware_id, reason FROM denylist WHERE hardware_id IN ({marks})",
+                                   hardware_ids).fetchall()
+        return dict(rows)
+
+
+class DynamoLedger:
+    """One table, partition key `pk`, sort key `sk`: records under EP#<episode>, hardware rows under HW#<id>."""
+
+    def __init__(self, dynamodb, table: str):
+        self.ddb, self.table = dynamodb, table
+
+    @staticmethod
+    def create_table(dynamodb, table: str) -> None:
+        dynamodb.create_table(
+            TableName=table, BillingMode="PAY_PER_REQUEST",
+            KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}, {"AttributeName": "sk", "KeyType": "RANGE"}],
+            AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"},
+                                  {"AttributeName": "sk", "AttributeType": "S"}])
+
+    def _put_new(self, item: dict) -> bool:
+        """A conditional put: the first writer wins, a racing or retried second one changes nothing."""
+        try:
+            self.ddb.put_item(TableName=self.table, Item=item, ConditionExpression="attribute_not_exists(pk)")
+            return True
+        except self.ddb.exceptions.ConditionalCheckFailedException:
+            return False
+
+    def record(self, rec: c.RemediationRecord) -> bool:
+        first = self._put_new({"pk": {"S": f"EP#{rec.episode}"}, "sk": {"S": "record"},
+                               "body": {"S": rec.model_dump_json()}})
+        for h in rec.hardware_ids:
+            self._put_new({"pk": {"S": f"HW#{h}"}, "sk": {"S": f"{rec.ended_at.isoformat()}#{rec.episode}"},
+                           "episode": {"S": rec.episode}})
+        return first
+
+    def count_recent(self, hardware_ids: list[str], since: datetime, exclude_episode: str | None) -> int:
+        episodes = set()
+        for h in hardware_ids:
+            pages = self.ddb.get_paginator("query").paginate(
+                TableName=self.table, KeyConditionExpression="pk = :pk AND sk >= :since",
+                ExpressionAttributeValues={":pk": {"S": f"HW#{h}"}, ":since": {"S": since.isoformat()}})
+            episodes |= {i["episode"]["S"] for page in pages for i in page["Items"]}
+        episodes.discard(exclude_episode)
+        return len(episodes)
+
+    def deny(self, hardware_ids: list[str], node: str, reason: str) -> list[str]:
+        return [h for h in hardware_ids if self._put_new({
+            "pk": {"S": f"DENY#{h}"}, "sk": {"S": "deny"}, "node": {"S": node}, "reason": {"S": reason},
+            "at": {"S": datetime.now(UTC).isoformat()}})]
+
+    def denied(self, hardware_ids: list[str]) -> dict[str, str]:
+        out = {}
+        for h in hardware_ids:
+            item = self.ddb.get_item(TableName=self.table, Key={"pk": {"S": f"DENY#{h}"}, "sk": {"S": "deny"}},
+                                     ConsistentRead=True).get("Item")
+            if item:
+                out[h] = item["reason"]["S"]
+        return out
+
+
+class LedgerActivities:
+    def __init__(self, ledger: Ledger):
+        self.ledger = ledger
+
+    @activity.defn(name=c.LEDGER_RECORD)
+    async def record(self, rec: c.RemediationRecord) -> None:
+        await asyncio.to_thread(self.ledger.record, rec)
+
+    @activity.defn(name=c.LEDGER_COUNT_RECENT)
+    async def count_recent(self, req: c.CountRecentRequest) -> int:
+        since = datetime.now(UTC) - timedelta(seconds=req.window_s)
+        return await asyncio.to_thread(self.ledger.count_recent, req.hardware_ids, since, req.exclude_episode)
+
+    @activity.defn(name=c.LEDGER_DENYLIST)
+    async def denylist(self, req: c.DenylistRequest) -> c.DenylistResult:
+        added = await asyncio.to_thread(self.ledger.deny, req.hardware_ids, req.node, req.reason)
+        return c.DenylistResult(added=added)
+
+    @activity.defn(name=c.LEDGER_CHECK_DENIED)
+    async def check_denied(self, req: c.CheckDeniedRequest) -> c.CheckDeniedResult:
+        return c.CheckDeniedResult(denied=await asyncio.to_thread(self.ledger.denied, req.hardware_ids))

@@ -1,0 +1,68 @@
+"""The ledger's two stores behind one interface: SQLite, and DynamoDB on moto's server."""
+
+import threading
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from temporalio.testing import ActivityEnvironment
+
+from activities import contracts as c
+from activities.ledger import DynamoLedger, LedgerActivities, SqliteLedger
+
+
+@pytest.fixture(params=["sqlite", "dynamodb"])
+def ledger(request, tmp_path):
+    if request.param == "sqlite":
+        return SqliteLedger(tmp_path / "ledger.db")
+    ddb = request.getfixturevalue("aws")("dynamodb")
+    DynamoLedger.create_table(ddb, "gpuheal-ledger")
+    return DynamoLedger(ddb, "gpuheal-ledger")
+
+
+def rec(episode: str, ids: list[str], ended: datetime, outcome="returned") -> c.RemediationRecord:
+    return c.RemediationRecord(node="n1", episode=episode, hardware_ids=ids, fault_class="memory", attribution="platform",
+                               rungs=["reset"], outcome=outcome, started_at=ended - timedelta(minutes=5), ended_at=ended)
+
+
+def test_record_is_idempotent_and_counted_per_hardware_id(ledger):
+    now = datetime.now(UTC)
+    assert ledger.record(rec("e1", ["GPU-a", "SN-1"], now - timedelta(days=1)))
+    assert not ledger.record(rec("e1", ["GPU-a", "SN-1"], now - timedelta(days=1))), "a retry writes nothing new"
+    ledger.record(rec("e2", ["GPU-b", "SN-1"], now - timedelta(days=2)))
+    ledger.record(rec("e3", ["GPU-a"], now - timedelta(days=30)))
+    week = now - timedelta(days=7)
+    assert ledger.count_recent(["SN-1"], week, None) == 2
+    assert ledger.count_recent(["GPU-a", "SN-1"], week, None) == 2, "one episode counts once"
+    assert ledger.count_recent(["GPU-a"], now - timedelta(days=60), None) == 2
+    assert ledger.count_recent(["SN-1"], week, "e2") == 1
+    assert ledger.count_recent([], week, None) == 0
+
+
+def test_denylist(ledger):
+    assert ledger.deny(["GPU-a", "SN-1"], "n1", "replaced: Xid 79") == ["GPU-a", "SN-1"]
+    assert ledger.deny(["SN-1", "GPU-z"], "n2", "again") == ["GPU-z"]
+    assert ledger.denied(["SN-1", "GPU-q"]) == {"SN-1": "replaced: Xid 79"}
+
+
+def test_racing_writers_deny_once(ledger):
+    wins = []
+
+    def writer(i):
+        wins.append(ledger.deny(["SN-race"], f"n{i}", f"writer {i}"))
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(len(w) for w in wins) == 1
+
+
+async def test_activities(ledger):
+    acts = LedgerActivities(ledger)
+    env = ActivityEnvironment()
+    await env.run(acts.record, rec("e9", ["SN-9"], datetime.now(UTC)))
+    assert await env.run(acts.count_recent, c.CountRecentRequest(hardware_ids=["SN-9"], window_s=3600)) == 1
+    r = await env.run(acts.denylist, c.DenylistRequest(hardware_ids=["SN-9"], node="n", reason="bad"))
+    assert r.added == ["SN-9"]
+    assert (await env.run(acts.check_denied, c.CheckDeniedRequest(hardware_ids=["SN-9", "x"]))).denied == {"SN-9": "bad"}
