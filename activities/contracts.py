@@ -109,6 +109,7 @@ class EventRequest(_Request):
 # --- cloud --------------------------------------------------------------------------------------
 class RebootRequest(_Request):
     idempotency_key: str = Field(description="One reboot per key, however often the activity is retried.")
+    ownership_tag: str = "gpuheal.io/managed=true"
 
 
 class RebootResult(BaseModel):

@@ -445,7 +445,8 @@ class NodeRemediation:
                                           c.ResetResult, summary, rp)
             elif rung is Rung.REBOOT:
                 before = self.s.boot_id
-                await self._cloud(c.CLOUD_REBOOT, c.RebootRequest(node=self.node, idempotency_key=key, dry_run=dry),
+                await self._cloud(c.CLOUD_REBOOT, c.RebootRequest(node=self.node, idempotency_key=key, dry_run=dry,
+                                                                  ownership_tag=self.policy.ownership_tag),
                                   c.RebootResult, summary, rp)
                 self._record(rung.value, summary, True, "reboot sent; waiting for a report from a new boot")
                 try:

@@ -1,0 +1,146 @@
+"""Cloud side effects (boto3: EC2, Auto Scaling, SSM): reboot, replace, boot id, for owned instances only."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+from botocore.exceptions import ClientError
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+from temporalio import activity
+
+from activities import contracts as c
+from activities.errors import INVALID_REQUEST, NO_EFFECT, NODE_GONE, NOT_OWNED, PERMISSION_DENIED, fail
+
+_PROVIDER_ID = re.compile(r"^aws:///(?P<zone>[^/]+)/(?P<id>i-[0-9a-f]+)$")
+REBOOT_KEY_TAG = "gpuheal.io/reboot-key"
+REBOOT_STATE_TAG = "gpuheal.io/reboot-state"
+_DENIED = {"UnauthorizedOperation", "AccessDenied", "AccessDeniedException", "AuthFailure"}
+_GONE_STATES = {"shutting-down", "terminated"}
+
+
+def instance_id_from_provider_id(provider_id: str | None) -> str:
+    m = _PROVIDER_ID.match(provider_id or "")
+    if m is None:
+        raise fail(INVALID_REQUEST, f"spec.providerID {provider_id!r} is not aws:///<zone>/<instance-id>")
+    return m["id"]
+
+
+class CloudActivities:
+    def __init__(self, ec2, autoscaling, ssm, core: client.CoreV1Api):
+        self.ec2, self.autoscaling, self.ssm, self.core = ec2, autoscaling, ssm, core
+
+    # --- plumbing ------------------------------------------------------------------------------
+    async def _aws(self, what: str, fn, **kwargs):
+        """Throttling and 5xx stay retryable; authorization errors do not."""
+        try:
+            return await asyncio.to_thread(fn, **kwargs)
+        except ClientError as err:
+            code = err.response.get("Error", {}).get("Code", "")
+            if code in _DENIED:
+                raise fail(PERMISSION_DENIED, f"{what}: {code}: {err.response['Error'].get('Message', '')}") from None
+            raise
+
+    async def _instance_id(self, node: str) -> str:
+        try:
+            n = await asyncio.to_thread(self.core.read_node, node)
+        except ApiException as err:
+            if err.status == 404:
+                raise fail(NODE_GONE, f"node {node} not found") from None
+            raise
+        return instance_id_from_provider_id(n.spec.provider_id)
+
+    async def _describe(self, instance_id: str) -> dict | None:
+        try:
+            out = await self._aws("describe instance", self.ec2.describe_instances, InstanceIds=[instance_id])
+        except ClientError as err:
+            if err.response["Error"]["Code"] == "InvalidInstanceID.NotFound":
+                return None
+            raise
+        found = [i for r in out["Reservations"] for i in r["Instances"]]
+        return found[0] if found else None
+
+    @staticmethod
+    def _tags(instance: dict) -> dict[str, str]:
+        return {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
+
+    @staticmethod
+    def _require_owned(instance: dict, ownership_tag: str) -> None:
+        key, _, value = ownership_tag.partition("=")
+        if CloudActivities._tags(instance).get(key) != value:
+            raise fail(NOT_OWNED, f"instance {instance['InstanceId']} lacks tag {ownership_tag}: gpuheal does not touch it")
+
+    # --- reboot --------------------------------------------------------------------------------
+    @activity.defn(name=c.CLOUD_REBOOT)
+    async def reboot(self, req: c.RebootRequest) -> c.RebootResult:
+        iid = await self._instance_id(req.node)
+        inst = await self._describe(iid)
+        if inst is None or inst["State"]["Name"] in _GONE_STATES:
+            raise fail(NODE_GONE, f"instance {iid} of {req.node} is gone")
+        self._require_owned(inst, req.ownership_tag)
+        tags = self._tags(inst)
+        if tags.get(REBOOT_KEY_TAG) == req.idempotency_key and tags.get(REBOOT_STATE_TAG) == "sent":
+            return c.RebootResult(instance_id=iid, rebooted=False)  # a retry: this reboot already went out
+        if req.dry_run:
+            return c.RebootResult(instance_id=iid, rebooted=False, dry_run=True)
+        # The key is written before the reboot and marked sent after: a retry after a crash in
+        # between re-sends (one extra reboot at worst), never skips the one that was asked for.
+        await self._aws("tag instance", self.ec2.create_tags, Resources=[iid], Tags=[
+            {"Key": REBOOT_KEY_TAG, "Value": req.idempotency_key[:255]}, {"Key": REBOOT_STATE_TAG, "Value": "pending"}])
+        await self._aws("reboot instance", self.ec2.reboot_instances, InstanceIds=[iid])
+        await self._aws("tag instance", self.ec2.create_tags, Resources=[iid],
+                        Tags=[{"Key": REBOOT_STATE_TAG, "Value": "sent"}])
+        return c.RebootResult(instance_id=iid, rebooted=True)
+
+    # --- replace -------------------------------------------------------------------------------
+    @activity.defn(name=c.CLOUD_REPLACE)
+    async def replace(self, req: c.ReplaceRequest) -> c.ReplaceResult:
+        iid = await self._instance_id(req.node)
+        inst = await self._describe(iid)
+        if inst is None or inst["State"]["Name"] in _GONE_STATES:
+            return c.ReplaceResult(instance_id=iid, action="already_terminated")
+        self._require_owned(inst, req.ownership_tag)
+        if req.dry_run:
+            return c.ReplaceResult(instance_id=iid, action="dry_run")
+        if req.mode == "karpenter":
+            # Karpenter replaces capacity whose Node (and NodeClaim) is deleted.
+            try:
+                await asyncio.to_thread(self.core.delete_node, req.node)
+            except ApiException as err:
+                if err.status != 404:
+                    raise
+            return c.ReplaceResult(instance_id=iid, action="karpenter")
+        asg = None
+        if req.mode == "auto":
+            found = await self._aws("describe ASG membership", self.autoscaling.describe_auto_scaling_instances,
+                                    InstanceIds=[iid])
+            asg = found["AutoScalingInstances"][0]["AutoScalingGroupName"] if found["AutoScalingInstances"] else None
+        if asg is not None:
+            await self._aws("terminate in ASG", self.autoscaling.terminate_instance_in_auto_scaling_group,
+                            InstanceId=iid, ShouldDecrementDesiredCapacity=False)
+        else:
+            await self._aws("terminate instance", self.ec2.terminate_instances, InstanceIds=[iid])
+        after = await self._describe(iid)
+        if after is not None and after["State"]["Name"] not in _GONE_STATES:
+            raise fail(NO_EFFECT, f"instance {iid} still {after['State']['Name']} after terminate")
+        return c.ReplaceResult(instance_id=iid, action="asg" if asg else "ec2")
+
+    # --- boot id (when the agent is gone) ------------------------------------------------------
+    @activity.defn(name=c.CLOUD_BOOT_ID)
+    async def boot_id(self, req: c.BootIdRequest) -> str:
+        iid = await self._instance_id(req.node)
+        sent = await self._aws("ssm send-command", self.ssm.send_command, InstanceIds=[iid],
+                               DocumentName="AWS-RunShellScript",
+                               Parameters={"commands": ["cat /proc/sys/kernel/random/boot_id"]})
+        cid = sent["Command"]["CommandId"]
+        for _ in range(30):
+            out = await self._aws("ssm get-command-invocation", self.ssm.get_command_invocation,
+                                  CommandId=cid, InstanceId=iid)
+            if out["Status"] in ("Success", "Failed", "Cancelled", "TimedOut"):
+                if out["Status"] != "Success":
+                    raise RuntimeError(f"SSM command {cid} ended {out['Status']}")
+                return out.get("StandardOutputContent", "").strip()
+            activity.heartbeat(out["Status"])
+            await asyncio.sleep(1)
+        raise RuntimeError(f"SSM command {cid} did not finish")

@@ -1,0 +1,127 @@
+"""Cloud activities against moto's server mode, with nodes in the fake Kubernetes API server."""
+
+import pytest
+from kubernetes import client
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
+
+from activities import contracts as c
+from activities.cloud import REBOOT_STATE_TAG, CloudActivities, instance_id_from_provider_id
+from sim.fake_kube import FakeKubeServer
+
+OWNED = [{"Key": "gpuheal.io/managed", "Value": "true"}]
+
+
+@pytest.fixture
+def cloud(aws):
+    server = FakeKubeServer().start()
+    api = client.ApiClient(server.configuration())
+    ec2, asg, ssm = aws("ec2"), aws("autoscaling"), aws("ssm")
+    ami = ec2.describe_images()["Images"][0]["ImageId"]
+
+    def instance(node: str, tags=OWNED, in_asg: bool = False) -> str:
+        if in_asg:
+            ec2.create_launch_template(LaunchTemplateName=f"lt-{node}", LaunchTemplateData={"ImageId": ami,
+                                                                                           "InstanceType": "p5.48xlarge"})
+            asg.create_auto_scaling_group(AutoScalingGroupName=f"asg-{node}", MinSize=1, MaxSize=2, DesiredCapacity=1,
+                                          LaunchTemplate={"LaunchTemplateName": f"lt-{node}"},
+                                          AvailabilityZones=["us-east-1a"],
+                                          Tags=[{"Key": t["Key"], "Value": t["Value"], "PropagateAtLaunch": True}
+                                                for t in tags])
+            iid = asg.describe_auto_scaling_groups(AutoScalingGroupNames=[f"asg-{node}"])[
+                "AutoScalingGroups"][0]["Instances"][0]["InstanceId"]
+        else:
+            iid = ec2.run_instances(ImageId=ami, MinCount=1, MaxCount=1, InstanceType="p5.48xlarge",
+                                    Placement={"AvailabilityZone": "us-east-1a"},
+                                    TagSpecifications=[{"ResourceType": "instance", "Tags": tags}] if tags else [])[
+                "Instances"][0]["InstanceId"]
+        server.kube.add_node(node, provider_id=f"aws:///us-east-1a/{iid}")
+        return iid
+
+    yield CloudActivities(ec2, asg, ssm, client.CoreV1Api(api)), instance, ec2, asg, server.kube
+    api.close()
+    server.stop()
+
+
+def run(fn, *args):
+    return ActivityEnvironment().run(fn, *args)
+
+
+def state(ec2, iid):
+    return ec2.describe_instances(InstanceIds=[iid])["Reservations"][0]["Instances"][0]["State"]["Name"]
+
+
+def test_provider_id_parsing():
+    assert instance_id_from_provider_id("aws:///us-east-1a/i-0123abcd") == "i-0123abcd"
+    with pytest.raises(ApplicationError):
+        instance_id_from_provider_id("gce://x/y")
+
+
+async def test_reboot_once_per_key(cloud):
+    acts, instance, ec2, _, _ = cloud
+    iid = instance("n1")
+    first = await run(acts.reboot, c.RebootRequest(node="n1", idempotency_key="ep1/reboot/1"))
+    assert first.rebooted and first.instance_id == iid
+    again = await run(acts.reboot, c.RebootRequest(node="n1", idempotency_key="ep1/reboot/1"))
+    assert not again.rebooted, "a retried activity must not reboot twice"
+    tags = {t["Key"]: t["Value"] for t in ec2.describe_tags(Filters=[{"Name": "resource-id", "Values": [iid]}])["Tags"]}
+    assert tags[REBOOT_STATE_TAG] == "sent"
+    assert (await run(acts.reboot, c.RebootRequest(node="n1", idempotency_key="ep1/reboot/2"))).rebooted
+
+
+async def test_unowned_instance_is_refused(cloud):
+    acts, instance, ec2, _, _ = cloud
+    iid = instance("n2", tags=[{"Key": "team", "Value": "x"}])
+    for call, req in ((acts.reboot, c.RebootRequest(node="n2", idempotency_key="k")),
+                      (acts.replace, c.ReplaceRequest(node="n2", idempotency_key="k"))):
+        with pytest.raises(ApplicationError) as err:
+            await run(call, req)
+        assert err.value.type == "NotOwned" and err.value.non_retryable
+    assert state(ec2, iid) == "running"
+
+
+async def test_replace_plain_instance_and_idempotent(cloud):
+    acts, instance, ec2, _, _ = cloud
+    iid = instance("n3")
+    r = await run(acts.replace, c.ReplaceRequest(node="n3", idempotency_key="k"))
+    assert r.action == "ec2" and state(ec2, iid) in ("shutting-down", "terminated")
+    assert (await run(acts.replace, c.ReplaceRequest(node="n3", idempotency_key="k"))).action == "already_terminated"
+
+
+async def test_replace_in_asg_keeps_capacity(cloud):
+    acts, instance, ec2, asg, _ = cloud
+    iid = instance("n4", in_asg=True)
+    r = await run(acts.replace, c.ReplaceRequest(node="n4", idempotency_key="k"))
+    assert r.action == "asg"
+    group = asg.describe_auto_scaling_groups(AutoScalingGroupNames=["asg-n4"])["AutoScalingGroups"][0]
+    assert group["DesiredCapacity"] == 1
+    assert iid not in [i["InstanceId"] for i in group["Instances"]], "a replacement took its place"
+
+
+async def test_replace_karpenter_deletes_node(cloud):
+    acts, instance, _, _, kube = cloud
+    instance("n5")
+    r = await run(acts.replace, c.ReplaceRequest(node="n5", idempotency_key="k", mode="karpenter"))
+    assert r.action == "karpenter" and not kube.list("Node", None, fields="metadata.name=n5")
+
+
+async def test_dry_run_touches_nothing(cloud):
+    acts, instance, ec2, _, _ = cloud
+    iid = instance("n6")
+    assert (await run(acts.replace, c.ReplaceRequest(node="n6", idempotency_key="k", dry_run=True))).action == "dry_run"
+    assert (await run(acts.reboot, c.RebootRequest(node="n6", idempotency_key="k", dry_run=True))).dry_run
+    assert state(ec2, iid) == "running"
+
+
+async def test_missing_node_is_node_gone(cloud):
+    acts, *_ = cloud
+    with pytest.raises(ApplicationError) as err:
+        await run(acts.reboot, c.RebootRequest(node="ghost", idempotency_key="k"))
+    assert err.value.type == "NodeGone"
+
+
+async def test_boot_id_through_ssm(cloud):
+    acts, instance, *_ = cloud
+    instance("n7")
+    # moto's SSM reports Success with empty output: the call path is what this exercises.
+    assert await run(acts.boot_id, c.BootIdRequest(node="n7")) == ""
