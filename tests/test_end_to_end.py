@@ -1,0 +1,131 @@
+"""End to end on the dev server: real kube, cloud, ledger, guard and node activities, simulated host.
+
+A node with a PDB-protected training pod gets a reboot-class fault: it is cordoned and tainted in
+the fake API, drained without breaking the budget, rebooted in moto, validated twice, uncordoned.
+"""
+
+import asyncio
+import json
+from datetime import timedelta
+
+from kubernetes import client
+from temporalio.api.enums.v1 import EventType
+from temporalio.worker import Worker
+
+from activities.cloud import REBOOT_KEY_TAG, REBOOT_STATE_TAG, CloudActivities
+from activities.contracts import node_task_queue
+from activities.guard import GuardActivities
+from activities.kube import ATTRIBUTION_ANNOTATION, KubeActivities
+from activities.ledger import LedgerActivities, SqliteLedger
+from activities.node import NodeActivities
+from health.nics import NicExpectation
+from health.runner import ProbeConfig
+from policies.loader import default_policy
+from sim.fake_kube import FakeKubeServer
+from sim.nvml import SimulatedNvml
+from workers.agent import Agent, AgentConfig
+from workflows.fleet_guard import FleetGuard, guard_workflow_id
+from workflows.node_remediation import NodeRemediation, RemediationResult
+
+
+class SimHost:
+    """The machine behind a node: reboots when EC2 says so, and its agent reports from the new boot."""
+
+    def __init__(self, node, ec2, iid, kube, nv, proc, make_agent):
+        self.node, self.ec2, self.iid, self.kube, self.nv, self.proc = node, ec2, iid, kube, nv, proc
+        self.make_agent, self.boots, self.seen_key = make_agent, 1, None
+        self.agent = make_agent("boot-1")
+        (proc / "sys/kernel/random").mkdir(parents=True)
+        (proc / "sys/kernel/random/boot_id").write_text("boot-1\n")
+
+    async def watch_for_reboot(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            found = await asyncio.to_thread(self.ec2.describe_tags,
+                                            Filters=[{"Name": "resource-id", "Values": [self.iid]}])
+            tags = {t["Key"]: t["Value"] for t in found["Tags"]}
+            key = tags.get(REBOOT_KEY_TAG)
+            if key and key != self.seen_key and tags.get(REBOOT_STATE_TAG) == "sent":
+                self.seen_key = key
+                self.kube.set_node_ready(self.node, False)
+                await asyncio.sleep(0.2)
+                self.nv.clear()  # the reboot cured the fault
+                self.boots += 1
+                boot = f"boot-{self.boots}"
+                (self.proc / "sys/kernel/random/boot_id").write_text(boot + "\n")
+                self.kube.set_node_ready(self.node, True)
+                self.agent = self.make_agent(boot)
+                await self.agent.step()
+            await asyncio.sleep(0.1)
+
+
+async def test_reboot_class_fault_end_to_end(dev_env, aws, tmp_path, uniq):
+    node, tq, cluster = f"e2e-{uniq}", f"tq-{uniq}", f"c-{uniq}"
+    server = FakeKubeServer().start()
+    api = client.ApiClient(server.configuration())
+    core, kube = client.CoreV1Api(api), server.kube
+    ec2 = aws("ec2")
+    ami = ec2.describe_images()["Images"][0]["ImageId"]
+    iid = ec2.run_instances(ImageId=ami, MinCount=1, MaxCount=1, InstanceType="p5.48xlarge",
+                            TagSpecifications=[{"ResourceType": "instance",
+                                                "Tags": [{"Key": "gpuheal.io/managed", "Value": "true"}]}])[
+        "Instances"][0]["InstanceId"]
+    kube.add_node(node, provider_id=f"aws:///us-east-1a/{iid}")
+    for i, where in enumerate([node, "other-1", "other-2"]):
+        kube.add_pod(f"train-{i}", where, labels={"job": "train-a"})
+    kube.add_pdb("train-a", {"job": "train-a"}, min_available=2)
+
+    policy = default_policy().scaled(0.002)
+    policy.ladder.reboot.return_timeout = timedelta(seconds=30)  # real seconds: moto and the host sim poll
+    nv = SimulatedNvml(node, gpus=8)
+    probe = ProbeConfig(expected_gpus=8, nics=NicExpectation(ports=0), require_nvidia_smi=False,
+                        sysfs_infiniband=tmp_path / "ib")
+    config = AgentConfig(node=node, policy=policy, cluster=cluster, task_queue=tq, probe=probe, kmsg=None)
+    host = SimHost(node, ec2, iid, kube, nv, tmp_path / "proc",
+                   lambda boot: Agent(dev_env.client, config, nv, boot_id=boot))
+    node_acts = NodeActivities(probe, nv, proc=tmp_path / "proc")
+    kube_acts = KubeActivities(core)
+    cloud_acts = CloudActivities(ec2, aws("autoscaling"), aws("ssm"), core)
+    ledger = LedgerActivities(SqliteLedger(tmp_path / "ledger.db"))
+    guard = GuardActivities(dev_env.client)
+    controller = Worker(dev_env.client, task_queue=tq, workflows=[NodeRemediation, FleetGuard], activities=[
+        kube_acts.quarantine, kube_acts.return_to_service, kube_acts.attribute_pods, kube_acts.drain, kube_acts.event,
+        cloud_acts.reboot, cloud_acts.replace, ledger.record, ledger.count_recent, ledger.denylist,
+        ledger.check_denied, guard.signal_guard, guard.live_holders])
+    agent_worker = Worker(dev_env.client, task_queue=node_task_queue(node), activities=[
+        node_acts.kill_gpu_processes, node_acts.reset_gpu, node_acts.validate, node_acts.boot_id])
+    stop = asyncio.Event()
+    try:
+        async with controller, agent_worker:
+            watcher = asyncio.get_running_loop().create_task(host.watch_for_reboot(stop))
+            nv.inject("gpu_lost", gpu=2)
+            report = await host.agent.step()
+            assert [f.kind for f in report.findings] == ["gpu_lost"]
+            handle = dev_env.client.get_workflow_handle(f"remediate/{node}", result_type=RemediationResult)
+            result = await asyncio.wait_for(handle.result(), 60)
+            stop.set()
+            await watcher
+            events = [e async for e in handle.fetch_history_events()]
+            status = await handle.query(NodeRemediation.status)
+            await dev_env.client.get_workflow_handle(guard_workflow_id(cluster)).terminate("test over")
+    finally:
+        api.close()
+        server.stop()
+
+    assert (result.outcome, result.rungs, result.validations) == ("returned", ["reboot"], 2), status.actions
+    n = kube.get("Node", "", node)
+    assert not n["spec"].get("unschedulable")
+    assert not [t for t in n["spec"].get("taints") or [] if t["key"] == "gpuheal.io/quarantine"]
+    assert {c["type"]: c["status"] for c in n["status"]["conditions"]}["GpuHealthy"] == "True"
+    evicted = [e for e in kube.evictions if e.allowed]
+    assert [e.pod for e in evicted] == ["train-0"] and all(e.respected_budget for e in kube.evictions)
+    assert kube.get("Pod", "default", "train-0")["metadata"]["annotations"][ATTRIBUTION_ANNOTATION] == "platform"
+    tags = {t["Key"]: t["Value"] for t in ec2.describe_tags(Filters=[{"Name": "resource-id", "Values": [iid]}])["Tags"]}
+    assert tags[REBOOT_STATE_TAG] == "sent"
+    summaries = [json.loads(e.user_metadata.summary.data) for e in events
+                 if e.event_type in (EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED, EventType.EVENT_TYPE_TIMER_STARTED)
+                 and e.HasField("user_metadata")]
+    for expected in (f"cordon and taint {node}", f"drain {node}", f"reboot {node}", f"validate {node} (1 of 2)",
+                     f"soak {node}", f"validate {node} (2 of 2)", f"uncordon {node}", f"probation of {node}"):
+        assert any(s.startswith(expected) for s in summaries), (expected, summaries)
+    failed = [e for e in events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED]
+    assert not failed
