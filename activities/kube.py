@@ -217,3 +217,17 @@ def _is_daemon_or_mirror(p: client.V1Pod) -> bool:
     if MIRROR_ANNOTATION in (p.metadata.annotations or {}):
         return True
     return any(o.kind == "DaemonSet" for o in p.metadata.owner_references or [])
+
+
+def load_core_api(kubeconfig: str | None = None) -> client.CoreV1Api:
+    """In-cluster config when running in a pod, else the kubeconfig, as the client loads them."""
+    from kubernetes import config
+
+    if kubeconfig is None:
+        try:
+            config.load_incluster_config()
+            return client.CoreV1Api()
+        except config.ConfigException:
+            pass
+    config.load_kube_config(config_file=kubeconfig)
+    return client.CoreV1Api()

@@ -164,3 +164,23 @@ async def test_fleet_size_counts_gpu_nodes(kube):
     k.add_node("cpu")
     acts = KubeActivities(core, gpu_node_selector="nvidia.com/gpu.present=true")
     assert await run(acts.fleet_size) == 3
+
+
+def test_load_core_api_from_kubeconfig(tmp_path):
+    from activities.kube import load_core_api
+
+    server = FakeKubeServer().start()
+    try:
+        server.kube.add_node("from-kubeconfig")
+        cfg = tmp_path / "kubeconfig"
+        cfg.write_text(f"""apiVersion: v1
+kind: Config
+clusters: [{{name: fake, cluster: {{server: "{server.url}"}}}}]
+users: [{{name: u, user: {{token: t}}}}]
+contexts: [{{name: c, context: {{cluster: fake, user: u}}}}]
+current-context: c
+""")
+        core = load_core_api(str(cfg))
+        assert [n.metadata.name for n in core.list_node().items] == ["from-kubeconfig"]
+    finally:
+        server.stop()
