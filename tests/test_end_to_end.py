@@ -5,11 +5,14 @@ the fake API, drained without breaking the budget, rebooted in moto, validated t
 """
 
 import asyncio
+import contextlib
 import json
+from dataclasses import dataclass
 from datetime import timedelta
 
 from kubernetes import client
 from temporalio.api.enums.v1 import EventType
+from temporalio.service import RPCError
 from temporalio.worker import Worker
 
 from activities.cloud import REBOOT_KEY_TAG, REBOOT_STATE_TAG, CloudActivities
@@ -58,7 +61,22 @@ class SimHost:
             await asyncio.sleep(0.1)
 
 
-async def test_reboot_class_fault_end_to_end(dev_env, aws, tmp_path, uniq):
+@dataclass
+class Stack:
+    node: str
+    cluster: str
+    kube: object
+    ec2: object
+    iid: str
+    nv: SimulatedNvml
+    host: SimHost
+    core: client.CoreV1Api
+
+
+@contextlib.asynccontextmanager
+async def gpu_cluster(dev_env, aws, tmp_path, uniq, policy):
+    """One GPU node (instance in moto, Node in the fake API, simulated GPUs), a PDB-protected job
+    across it and two other nodes, and the controller and node workers with the real activities."""
     node, tq, cluster = f"e2e-{uniq}", f"tq-{uniq}", f"c-{uniq}"
     server = FakeKubeServer().start()
     api = client.ApiClient(server.configuration())
@@ -73,9 +91,6 @@ async def test_reboot_class_fault_end_to_end(dev_env, aws, tmp_path, uniq):
     for i, where in enumerate([node, "other-1", "other-2"]):
         kube.add_pod(f"train-{i}", where, labels={"job": "train-a"})
     kube.add_pdb("train-a", {"job": "train-a"}, min_available=2)
-
-    policy = default_policy().scaled(0.002)
-    policy.ladder.reboot.return_timeout = timedelta(seconds=30)  # real seconds: moto and the host sim poll
     nv = SimulatedNvml(node, gpus=8)
     probe = ProbeConfig(expected_gpus=8, nics=NicExpectation(ports=0), require_nvidia_smi=False,
                         sysfs_infiniband=tmp_path / "ib")
@@ -89,28 +104,42 @@ async def test_reboot_class_fault_end_to_end(dev_env, aws, tmp_path, uniq):
     guard = GuardActivities(dev_env.client)
     controller = Worker(dev_env.client, task_queue=tq, workflows=[NodeRemediation, FleetGuard], activities=[
         kube_acts.quarantine, kube_acts.return_to_service, kube_acts.attribute_pods, kube_acts.drain, kube_acts.event,
-        cloud_acts.reboot, cloud_acts.replace, ledger.record, ledger.count_recent, ledger.denylist,
-        ledger.check_denied, guard.signal_guard, guard.live_holders])
+        kube_acts.fleet_size, cloud_acts.reboot, cloud_acts.replace, ledger.record, ledger.count_recent,
+        ledger.denylist, ledger.check_denied, guard.signal_guard, guard.live_holders])
     agent_worker = Worker(dev_env.client, task_queue=node_task_queue(node), activities=[
         node_acts.kill_gpu_processes, node_acts.reset_gpu, node_acts.validate, node_acts.boot_id])
     stop = asyncio.Event()
     try:
         async with controller, agent_worker:
             watcher = asyncio.get_running_loop().create_task(host.watch_for_reboot(stop))
-            nv.inject("gpu_lost", gpu=2)
-            report = await host.agent.step()
-            assert [f.kind for f in report.findings] == ["gpu_lost"]
-            handle = dev_env.client.get_workflow_handle(f"remediate/{node}", result_type=RemediationResult)
-            result = await asyncio.wait_for(handle.result(), 60)
-            stop.set()
-            await watcher
-            events = [e async for e in handle.fetch_history_events()]
-            status = await handle.query(NodeRemediation.status)
-            await dev_env.client.get_workflow_handle(guard_workflow_id(cluster)).terminate("test over")
+            try:
+                yield Stack(node, cluster, kube, ec2, iid, nv, host, core)
+            finally:
+                stop.set()
+                await watcher
+                with contextlib.suppress(RPCError):
+                    await dev_env.client.get_workflow_handle(guard_workflow_id(cluster)).terminate("test over")
     finally:
         api.close()
         server.stop()
 
+
+def instance_tags(ec2, iid) -> dict:
+    return {t["Key"]: t["Value"] for t in ec2.describe_tags(Filters=[{"Name": "resource-id", "Values": [iid]}])["Tags"]}
+
+
+async def test_reboot_class_fault_end_to_end(dev_env, aws, tmp_path, uniq):
+    policy = default_policy().scaled(0.002)
+    policy.ladder.reboot.return_timeout = timedelta(seconds=30)  # real seconds: moto and the host sim poll
+    async with gpu_cluster(dev_env, aws, tmp_path, uniq, policy) as st:
+        st.nv.inject("gpu_lost", gpu=2)
+        report = await st.host.agent.step()
+        assert [f.kind for f in report.findings] == ["gpu_lost"]
+        handle = dev_env.client.get_workflow_handle(f"remediate/{st.node}", result_type=RemediationResult)
+        result = await asyncio.wait_for(handle.result(), 60)
+        events = [e async for e in handle.fetch_history_events()]
+        status = await handle.query(NodeRemediation.status)
+    node, kube = st.node, st.kube
     assert (result.outcome, result.rungs, result.validations) == ("returned", ["reboot"], 2), status.actions
     n = kube.get("Node", "", node)
     assert not n["spec"].get("unschedulable")
@@ -119,13 +148,30 @@ async def test_reboot_class_fault_end_to_end(dev_env, aws, tmp_path, uniq):
     evicted = [e for e in kube.evictions if e.allowed]
     assert [e.pod for e in evicted] == ["train-0"] and all(e.respected_budget for e in kube.evictions)
     assert kube.get("Pod", "default", "train-0")["metadata"]["annotations"][ATTRIBUTION_ANNOTATION] == "platform"
-    tags = {t["Key"]: t["Value"] for t in ec2.describe_tags(Filters=[{"Name": "resource-id", "Values": [iid]}])["Tags"]}
-    assert tags[REBOOT_STATE_TAG] == "sent"
+    assert instance_tags(st.ec2, st.iid)[REBOOT_STATE_TAG] == "sent"
     summaries = [json.loads(e.user_metadata.summary.data) for e in events
                  if e.event_type in (EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED, EventType.EVENT_TYPE_TIMER_STARTED)
                  and e.HasField("user_metadata")]
     for expected in (f"cordon and taint {node}", f"drain {node}", f"reboot {node}", f"validate {node} (1 of 2)",
                      f"soak {node}", f"validate {node} (2 of 2)", f"uncordon {node}", f"probation of {node}"):
         assert any(s.startswith(expected) for s in summaries), (expected, summaries)
-    failed = [e for e in events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED]
-    assert not failed
+    assert not [e for e in events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED]
+
+
+async def test_dry_run_changes_nothing(dev_env, aws, tmp_path, uniq):
+    policy = default_policy().scaled(0.002)
+    policy.dry_run = True
+    async with gpu_cluster(dev_env, aws, tmp_path, uniq, policy) as st:
+        before_node = st.kube.get("Node", "", st.node)
+        before_pods = st.kube.list("Pod", None)
+        st.nv.inject("gpu_lost", gpu=2)
+        await st.host.agent.step()
+        handle = dev_env.client.get_workflow_handle(f"remediate/{st.node}", result_type=RemediationResult)
+        result = await asyncio.wait_for(handle.result(), 60)
+        status = await handle.query(NodeRemediation.status)
+    assert result.outcome == "dry_run" and "would reboot" in result.reason
+    assert any(a.summary.startswith(f"cordon and taint {st.node}") for a in status.actions), "recorded what it would do"
+    assert st.kube.get("Node", "", st.node) == before_node
+    assert st.kube.list("Pod", None) == before_pods and st.kube.evictions == []
+    assert REBOOT_STATE_TAG not in instance_tags(st.ec2, st.iid)
+    assert st.ec2.describe_instances(InstanceIds=[st.iid])["Reservations"][0]["Instances"][0]["State"]["Name"] == "running"

@@ -6,7 +6,8 @@ from datetime import datetime, timedelta
 
 from pydantic import BaseModel, Field
 from temporalio import workflow
-from temporalio.exceptions import FailureError
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, FailureError
 
 with workflow.unsafe.imports_passed_through():
     from activities import contracts as c
@@ -61,6 +62,9 @@ class GuardState(BaseModel):
     grants: int = 0
     fleet_size: int = 0
     last_holder_check: datetime | None = None
+    last_fleet_count: datetime | None = None
+    trips: int = Field(default=0, description="How often the storm breaker has opened.")
+    pending_storm_event: str | None = None
 
 
 class GuardInput(BaseModel):
@@ -83,6 +87,7 @@ class GuardStatus(BaseModel):
     recent_faults: int
     max_seen_holders: int
     fleet_size: int
+    trips: int
 
 
 @workflow.defn(name="FleetGuard")
@@ -139,7 +144,7 @@ class FleetGuard:
             waiters=[w.holder for w in self.s.waiters], unhealthy=sorted(self.s.unhealthy),
             breaker_open=self.s.breaker_open, breaker_reason=self.s.breaker_reason, paused=self.s.paused,
             pause_reason=self.s.pause_reason, recent_faults=len(self.s.fault_times),
-            max_seen_holders=self.s.max_seen_holders, fleet_size=self.s.fleet_size,
+            max_seen_holders=self.s.max_seen_holders, fleet_size=self.s.fleet_size, trips=self.s.trips,
         )
 
     # --- main loop -----------------------------------------------------------------------------
@@ -147,7 +152,9 @@ class FleetGuard:
     async def run(self, inp: GuardInput) -> None:
         while True:
             self._wake = False
+            await self._count_fleet_if_due()
             self._update_breaker()
+            await self._announce_storm()
             await self._check_holders_if_due()
             await self._grant()
             if workflow.info().is_continue_as_new_suggested():
@@ -212,6 +219,10 @@ class FleetGuard:
                 self.s.breaker_reason = (
                     f"storm: {len(self.s.fault_times)} new faults within {p.storm_window}, above {p.storm_faults}"
                 )
+                self.s.trips += 1
+                self.s.pending_storm_event = self.s.breaker_reason
+                workflow.metric_meter().create_counter(
+                    "gpuheal_storm_breaker_trips", "times the storm breaker opened").add(1, {"cluster": self.inp.cluster})
                 workflow.logger.warning("storm breaker open: %s", self.s.breaker_reason)
         elif self.s.breaker_open:
             self.s.calm_since = self.s.calm_since or now
@@ -230,6 +241,34 @@ class FleetGuard:
         if self.s.fault_times:
             waits.append(p.storm_window - (now - self.s.fault_times[0]))
         return max(min(waits), timedelta(seconds=1))
+
+    async def _count_fleet_if_due(self) -> None:
+        """Percent limits need the fleet's size: counted from the cluster, not taken from a constant."""
+        now, every = workflow.now(), self.inp.policy.holder_check_interval
+        if self.s.last_fleet_count and now - self.s.last_fleet_count < every:
+            return
+        self.s.last_fleet_count = now
+        try:
+            self.s.fleet_size = await workflow.execute_activity(
+                c.KUBE_FLEET_SIZE, result_type=int, start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=RetryPolicy(maximum_attempts=3), summary=f"count GPU nodes in {self.inp.cluster}")
+        except ActivityError:
+            workflow.logger.warning("fleet size unknown: keeping %d", self.s.fleet_size)
+
+    async def _announce_storm(self) -> None:
+        """A Warning event people see in `kubectl get events`, once per trip."""
+        if self.s.pending_storm_event is None:
+            return
+        message, self.s.pending_storm_event = self.s.pending_storm_event, None
+        node = next(iter(sorted(self.s.unhealthy)), self.inp.cluster)
+        try:
+            await workflow.execute_activity(
+                c.KUBE_EVENT, c.EventRequest(node=node, reason="GpuRemediationStorm", type="Warning",
+                                             message=f"disruptive remediation paused in {self.inp.cluster}: {message}"),
+                start_to_close_timeout=timedelta(seconds=30), retry_policy=RetryPolicy(maximum_attempts=3),
+                summary="warn: storm breaker open")
+        except ActivityError:
+            workflow.logger.warning("could not emit the storm event")
 
     async def _check_holders_if_due(self) -> None:
         """A holder that vanished (terminated, timed out) must not keep its slot forever."""

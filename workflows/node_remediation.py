@@ -60,6 +60,7 @@ class Outcome(StrEnum):
     QUARANTINED = "quarantined"
     AWAITING_APPROVAL = "awaiting_approval"
     DENIED_ADMISSION = "denied_admission"
+    DRY_RUN = "dry_run"  # the policy's dry run: what would have been done is in the actions
 
 
 class ActionRecord(BaseModel):
@@ -327,6 +328,8 @@ class NodeRemediation:
         self.s.rungs_tried.append(rung)
         self.s.attempts[rung.value] = self.s.attempts.get(rung.value, 0) + 1
         acted = await self._act(rung)
+        if self.policy.dry_run:
+            return self._finish(Outcome.DRY_RUN, f"dry run: would {rung.value} ({self._fault_label()}); nothing changed")
         if rung is Rung.REPLACE:
             return self._finish(Outcome.REPLACED if acted else Outcome.QUARANTINED,
                                 "instance replaced; hardware ids denylisted" if acted
@@ -403,6 +406,9 @@ class NodeRemediation:
     async def _acquire_lease(self) -> None:
         if self.s.lease_held:
             return
+        if self.policy.dry_run:
+            # A dry run disrupts nothing, so it must not take budget from real remediations.
+            return self._record("lease", f"would take a disruption lease for {self.node}", True, "dry run")
         if not self.s.lease_requested:
             await self._signal_guard(GUARD_SIGNAL_REQUEST, c.LeaseRequest(
                 cluster=self.inp.cluster, holder=workflow.info().workflow_id, node=self.node),
@@ -538,7 +544,7 @@ class NodeRemediation:
         )
 
     async def _tell_guard(self, healthy: bool) -> None:
-        if healthy and not self.s.guard_notified:
+        if (healthy and not self.s.guard_notified) or self.policy.dry_run:
             return
         await self._signal_guard(GUARD_SIGNAL_FAULT, FaultNotice(
             node=self.node, holder=workflow.info().workflow_id,

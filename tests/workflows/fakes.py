@@ -22,6 +22,7 @@ from policies.findings import Finding, GpuIds, HealthReport
 from policies.model import Policy
 from workers.reporting import send_report
 from workflows.fleet_guard import FleetGuard, guard_workflow_id
+from workflows.node_admission import NodeAdmission
 from workflows.node_remediation import NodeRemediation
 
 RUNG_ORDER = {"kill": 0, "reset": 1, "reboot": 2, "replace": 3, "none": 99}
@@ -71,6 +72,8 @@ class FakeFleet:
     transient_failures: dict[str, int] = field(default_factory=dict)  # activity name -> failures left
     act_delay: float = 0.0
     history_limit: int | None = None
+    fleet_size: int | None = None  # what kube.fleet_size answers; None: the nodes added
+    events: list[c.EventRequest] = field(default_factory=list)
 
     def add(self, node: FakeNode) -> FakeNode:
         self.nodes[node.name] = node
@@ -131,6 +134,14 @@ class FakeFleet:
             await n.hold.wait()
         return c.DrainResult(evicted=[f"default/job-on-{n.name}"])
 
+    @activity.defn(name=c.KUBE_EVENT)
+    async def event(self, req: c.EventRequest) -> None:
+        self.events.append(req)
+
+    @activity.defn(name=c.KUBE_FLEET_SIZE)
+    async def count_fleet(self) -> int:
+        return self.fleet_size if self.fleet_size is not None else len(self.nodes)
+
     # --- cloud ---------------------------------------------------------------------------------
     @activity.defn(name=c.CLOUD_REBOOT)
     async def reboot(self, req: c.RebootRequest) -> c.RebootResult:
@@ -179,6 +190,10 @@ class FakeFleet:
         ids = set(req.hardware_ids)
         return sum(1 for r in self.records if ids & set(r.hardware_ids) and r.episode != req.exclude_episode)
 
+    @activity.defn(name=c.LEDGER_CHECK_DENIED)
+    async def check_denied(self, req: c.CheckDeniedRequest) -> c.CheckDeniedResult:
+        return c.CheckDeniedResult(denied={i: self.denylist[i] for i in req.hardware_ids if i in self.denylist})
+
     @activity.defn(name=c.LEDGER_DENYLIST)
     async def denylist_add(self, req: c.DenylistRequest) -> c.DenylistResult:
         added = [i for i in req.hardware_ids if i not in self.denylist]
@@ -189,13 +204,14 @@ class FakeFleet:
         guard = GuardActivities(self.client)
         return [self.quarantine, self.return_to_service, self.attribute_pods, self.drain, self.reboot,
                 self.replace, self.kill, self.reset, self.validate, self.record, self.count_recent,
-                self.denylist_add, guard.signal_guard, guard.live_holders]
+                self.denylist_add, self.check_denied, self.event, self.count_fleet, guard.signal_guard,
+                guard.live_holders]
 
     @contextlib.asynccontextmanager
     async def workers(self):
         """The controller's worker plus one per node queue (what each node's agent would serve)."""
         queues = [self.task_queue, *(c.node_task_queue(n) for n in self.nodes)]
-        ws = [Worker(self.client, task_queue=q, workflows=[NodeRemediation, FleetGuard] if q == self.task_queue else [],
+        ws = [Worker(self.client, task_queue=q, workflows=[NodeRemediation, FleetGuard, NodeAdmission] if q == self.task_queue else [],
                      activities=self.activities()) for q in queues]
         async with contextlib.AsyncExitStack() as stack:
             for w in ws:

@@ -260,6 +260,7 @@ async def test_budget_of_two_never_exceeded_by_five_nodes(ts_env, uniq):
     policy.guard.max_disruptive = 2
     fleet = make_fleet(ts_env, uniq, policy)
     fleet.act_delay = 0.3
+    fleet.fleet_size = 40  # 5 faulty of 40: below max_unhealthy, so only the lease budget holds them
     nodes = [fleet.add(FakeNode(f"b{i}-{uniq}", [xid(48)], cured_by="reset")) for i in range(5)]
     with ts_env.auto_time_skipping_disabled():
         async with fleet.workers():

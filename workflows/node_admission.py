@@ -1,0 +1,90 @@
+"""NodeAdmission, id `admit/<node>`: a new node stays tainted until its hardware passes twice."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from pydantic import BaseModel, Field
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+
+with workflow.unsafe.imports_passed_through():
+    from activities import contracts as c
+    from activities.errors import NON_RETRYABLE
+    from policies.model import Policy
+    from workflows.node_remediation import ActionRecord, Outcome
+    from workflows.validation import validate_twice
+
+
+def admission_workflow_id(node: str) -> str:
+    return f"admit/{node}"
+
+
+class AdmissionInput(BaseModel):
+    node: str
+    policy: Policy
+    hardware_ids: list[str] = Field(description="GPU UUIDs and serials, the instance host id: checked against the denylist.")
+    expected_gpus: int | None = None
+
+
+class AdmissionResult(BaseModel):
+    node: str
+    outcome: Outcome
+    reason: str
+    validations: int
+    actions: list[ActionRecord]
+
+
+@workflow.defn(name="NodeAdmission")
+class NodeAdmission:
+    @workflow.init
+    def __init__(self, inp: AdmissionInput) -> None:
+        self.inp = inp
+        self.actions: list[ActionRecord] = []
+
+    @workflow.query
+    def actions_so_far(self) -> list[ActionRecord]:
+        return self.actions
+
+    @workflow.run
+    async def run(self, inp: AdmissionInput) -> AdmissionResult:
+        await self._step(c.KUBE_QUARANTINE, c.QuarantineRequest(
+            node=inp.node, fault_class="unvalidated", reason="new node: validation pending",
+            taint_key=c.UNVALIDATED_TAINT, dry_run=inp.policy.dry_run), f"taint {inp.node} unvalidated")
+        denied = await self._step(c.LEDGER_CHECK_DENIED, c.CheckDeniedRequest(hardware_ids=inp.hardware_ids),
+                                  f"check {inp.node}'s hardware against the denylist", c.CheckDeniedResult)
+        if denied.denied:
+            hw, why = sorted(denied.denied.items())[0]
+            reason = f"hardware {hw} is denylisted ({why})"
+            await self._step(c.KUBE_EVENT, c.EventRequest(node=inp.node, reason="GpuHardwareDenied", type="Warning",
+                                                          message=reason, dry_run=inp.policy.dry_run),
+                             f"warn: {inp.node} carries denylisted hardware {hw}")
+            await self._step(c.CLOUD_REPLACE, c.ReplaceRequest(
+                node=inp.node, idempotency_key=f"{workflow.info().workflow_id}/{workflow.info().run_id}/replace",
+                mode=inp.policy.replacement, ownership_tag=inp.policy.ownership_tag, dry_run=inp.policy.dry_run),
+                f"replace {inp.node}: {reason}", c.ReplaceResult)
+            return self._result(Outcome.DENIED_ADMISSION, reason, 0)
+        passed = await validate_twice(inp.node, inp.policy.validation, inp.expected_gpus, self._record,
+                                      inp.policy.dry_run)
+        if passed < 2:
+            return self._result(Outcome.QUARANTINED, f"validation {passed + 1} of 2 failed: node stays tainted", passed)
+        await self._step(c.KUBE_RETURN_TO_SERVICE, c.ReturnToServiceRequest(
+            node=inp.node, reason="admitted: validated twice", taint_keys=[c.UNVALIDATED_TAINT],
+            dry_run=inp.policy.dry_run), f"admit {inp.node}: remove the unvalidated taint")
+        return self._result(Outcome.HEALTHY, "validated twice; admitted", passed)
+
+    async def _step(self, name: str, req: BaseModel, summary: str, result_type: type | None = None):
+        result = await workflow.execute_activity(
+            name, req, result_type=result_type, start_to_close_timeout=timedelta(minutes=2), summary=summary,
+            retry_policy=RetryPolicy(maximum_attempts=10, maximum_interval=timedelta(seconds=30),
+                                     non_retryable_error_types=NON_RETRYABLE))
+        self._record(name, summary, True)
+        return result
+
+    def _record(self, step: str, summary: str, ok: bool, detail: str = "") -> None:
+        self.actions.append(ActionRecord(at=workflow.now(), step=step, summary=summary, ok=ok, detail=detail))
+        workflow.set_current_details("\n".join(f"- {'ok' if a.ok else 'FAILED'} {a.summary}" for a in self.actions[-8:]))
+
+    def _result(self, outcome: Outcome, reason: str, validations: int) -> AdmissionResult:
+        return AdmissionResult(node=self.inp.node, outcome=outcome, reason=reason, validations=validations,
+                               actions=self.actions)
