@@ -94,7 +94,7 @@ async def gpu_cluster(dev_env, aws, tmp_path, uniq, policy):
     nv = SimulatedNvml(node, gpus=8)
     probe = ProbeConfig(expected_gpus=8, nics=NicExpectation(ports=0), require_nvidia_smi=False,
                         sysfs_infiniband=tmp_path / "ib")
-    config = AgentConfig(node=node, policy=policy, cluster=cluster, task_queue=tq, probe=probe, kmsg=None)
+    config = AgentConfig(node=node, policy=policy, cluster=cluster, task_queue=tq, probe=probe, kmsg=None, admit_on_start=False)
     host = SimHost(node, ec2, iid, kube, nv, tmp_path / "proc",
                    lambda boot: Agent(dev_env.client, config, nv, boot_id=boot))
     node_acts = NodeActivities(probe, nv, proc=tmp_path / "proc")

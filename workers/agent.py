@@ -22,7 +22,7 @@ from health.runner import ProbeConfig, kmsg_findings, run_cycle
 from policies.classify import judge
 from policies.findings import Finding, HealthReport
 from policies.model import Generation, Policy
-from workers.reporting import send_report
+from workers.reporting import send_report, start_admission
 from workflows.node_remediation import remediation_workflow_id
 
 AGENT_VERSION = "gpuheal-agent/0.1"
@@ -42,6 +42,7 @@ class AgentConfig:
     resend_interval_s: float = 300.0  # while unhealthy, re-send so a lost signal heals
     event_hold_s: float = 600.0  # how long a one-shot Xid event counts as a current finding
     kmsg: Path | None = Path("/dev/kmsg")  # the fallback when NVML events are missing; None: off
+    admit_on_start: bool = True  # a node's first agent report starts its admission (admit/<node>)
 
 
 def _key(f: Finding) -> tuple:
@@ -87,6 +88,10 @@ class Agent:
                 self.add_events(kmsg_findings(self.kmsg.poll(), snap.gpus))
             except OSError as err:
                 snap.findings.append(Finding(kind="probe_broken", message=f"kernel log {self.kmsg.path}: {err.strerror}"))
+        if self.announce and self.config.admit_on_start:
+            ids = sorted({g.uuid for g in snap.gpus} | {g.serial for g in snap.gpus if g.serial})
+            await start_admission(self.client, node=self.config.node, policy=self.config.policy, hardware_ids=ids,
+                                  task_queue=self.config.task_queue, expected_gpus=self.config.probe.expected_gpus)
         findings = self.confirmed(snap.findings)
         fingerprint = tuple(sorted(str(_key(f)) for f in findings))
         now = self.clock()

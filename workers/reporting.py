@@ -48,3 +48,25 @@ async def send_report(
         search_attributes=TypedSearchAttributes([SearchAttributePair(SA_NODE, node),
                                                 SearchAttributePair(SA_STAGE, Stage.TRIAGE.value)]),
     )
+
+
+async def start_admission(client: Client, *, node: str, policy: Policy, hardware_ids: list[str],
+                          task_queue: str = "gpuheal", expected_gpus: int | None = None) -> bool:
+    """Start `admit/<node>` once per node; False when it already ran (or runs) for this node."""
+    from temporalio.common import WorkflowIDReusePolicy
+    from temporalio.exceptions import WorkflowAlreadyStartedError
+
+    from workflows.node_admission import AdmissionInput, NodeAdmission, admission_workflow_id
+
+    try:
+        await client.start_workflow(
+            NodeAdmission.run,
+            AdmissionInput(node=node, policy=policy, hardware_ids=hardware_ids, expected_gpus=expected_gpus),
+            id=admission_workflow_id(node), task_queue=task_queue,
+            # A node is admitted once: an agent restart must not put a serving node back behind the taint.
+            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            static_summary=f"Admission of new GPU node {node}",
+        )
+    except WorkflowAlreadyStartedError:
+        return False
+    return True

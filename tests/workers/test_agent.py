@@ -36,7 +36,7 @@ async def test_agent_signals_once_per_transition_and_resends(ts_env, uniq, tmp_p
     probe = ProbeConfig(expected_gpus=8, nics=NicExpectation(ports=0), require_nvidia_smi=False,
                         sysfs_infiniband=tmp_path)
     agent = Agent(ts_env.client, AgentConfig(node=node, policy=policy, cluster=fleet.cluster, task_queue=fleet.task_queue,
-                                             probe=probe, persist_polls=3, resend_interval_s=300, kmsg=None),
+                                             probe=probe, persist_polls=3, resend_interval_s=300, kmsg=None, admit_on_start=False),
                   nv, boot_id="boot-1", clock=clock)
     async with fleet.workers():
         assert await agent.step() is None, "healthy at start: nothing to say"
@@ -83,7 +83,7 @@ async def test_agent_reports_kernel_log_xid_and_fails_closed_on_unreadable_log(t
                         sysfs_infiniband=tmp_path)
     nv = SimulatedNvml(node, gpus=8)
     agent = Agent(ts_env.client, AgentConfig(node=node, policy=policy, cluster=fleet.cluster,
-                                             task_queue=fleet.task_queue, probe=probe, kmsg=log),
+                                             task_queue=fleet.task_queue, probe=probe, kmsg=log, admit_on_start=False),
                   nv, boot_id="boot-1", clock=Clock())
     async with fleet.workers():
         assert await agent.step() is None
@@ -97,3 +97,25 @@ async def test_agent_reports_kernel_log_xid_and_fails_closed_on_unreadable_log(t
         broken = await agent.step()
         assert broken is not None and any(f.kind == "probe_broken" for f in broken.findings)
         await ts_env.client.get_workflow_handle(f"remediate/{node}").terminate("test over")
+
+
+async def test_first_report_of_a_new_node_starts_admission_once(ts_env, uniq, tmp_path):
+    from workflows.node_admission import AdmissionResult
+
+    policy = default_policy().scaled(0.001)
+    node = f"fresh-{uniq}"
+    fleet = FakeFleet(client=ts_env.client, task_queue=f"tq-{uniq}", policy=policy, cluster=f"c-{uniq}")
+    fake = fleet.add(FakeNode(node, [], faulty=False))
+    probe = ProbeConfig(expected_gpus=8, nics=NicExpectation(ports=0), require_nvidia_smi=False,
+                        sysfs_infiniband=tmp_path)
+    nv = SimulatedNvml(node, gpus=8)
+    config = AgentConfig(node=node, policy=policy, cluster=fleet.cluster, task_queue=fleet.task_queue, probe=probe,
+                         kmsg=None)
+    with ts_env.auto_time_skipping_disabled():
+        async with fleet.workers():
+            assert await Agent(ts_env.client, config, nv, boot_id="boot-1").step() is None
+            handle = ts_env.client.get_workflow_handle(f"admit/{node}", result_type=AdmissionResult)
+            result = await asyncio.wait_for(handle.result(), 30)
+            assert await Agent(ts_env.client, config, nv, boot_id="boot-2").step() is None  # agent restart
+    assert (result.outcome, result.validations) == ("healthy", 2)
+    assert fake.calls.count("kube.quarantine") == 1, "admitted once, not again on the agent's restart"
