@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -137,6 +138,124 @@ def cmd_agent(args) -> int:
     return asyncio.run(run())
 
 
+def cmd_simulate(args) -> int:
+    from sim.scenario import ScenarioError, load_scenario
+    from workers.simulate import run_scenario
+
+    try:
+        scenario, policy = load_scenario(args.scenario)
+    except ScenarioError as err:
+        for problem in err.problems:
+            print(f"{err.source}: {problem}", file=sys.stderr)
+        return 2
+    # The embedded servers write banners to stdout: keep stdout for the one JSON document.
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        doc = asyncio.run(run_scenario(scenario, policy, args.temporal))
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+    if args.json:
+        _print_json(doc)
+    else:
+        print(outcome_table(doc))
+    return 0
+
+
+def outcome_table(doc: dict) -> str:
+    lines = [f"scenario {doc['scenario']}", f"{'node':<14} {'outcome':<18} {'fault':<16} {'attribution':<12} "
+             f"{'rungs':<24} {'valid.':>6} {'cordon ms':>9} {'secs':>6}"]
+    for r in doc["nodes"]:
+        lines.append(f"{r['node']:<14} {r['outcome']:<18} {r['fault_class'] or '-':<16} {r['attribution'] or '-':<12} "
+                     f"{','.join(r['rungs']) or '-':<24} {r['validations']:>6} {r['detect_to_cordon_ms'] or '-':>9} "
+                     f"{r['duration_s']:>6}")
+    f = doc["fleet"]
+    lines.append(f"fleet: at most {f['max_disruptive_at_once']} nodes in disruptive remediation at once; storm "
+                 f"breaker {'tripped' if f['storm_paused'] else 'never tripped'}; {f['evictions']} evictions, "
+                 f"{f['evictions_breaking_budget']} breaking a budget")
+    return "\n".join(lines)
+
+
+DEMO_PORTS = {"Temporal frontend": 7233, "Temporal UI": 8233}
+
+
+def _port_free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) != 0
+
+
+def cmd_demo(args) -> int:
+    """The whole system on this machine: dev server (SQLite under .gpuheal/, UI :8233), fake API
+    server, moto, controller, one simulated agent per node, and the built-in scenario."""
+    from importlib import resources
+
+    from sim.scenario import load_scenario
+    from workers.simulate import run_scenario
+
+    if not args.temporal:
+        busy = [f"{what} port {port}" for what, port in DEMO_PORTS.items() if not _port_free(port)]
+        if busy:
+            print(f"gpuheal demo: {', '.join(busy)} already in use: stop what holds it, or pass --temporal HOST:PORT",
+                  file=sys.stderr)
+            return 2
+    scenario, policy = load_scenario(text=resources.files("sim").joinpath("scenarios/demo.yaml").read_text())
+    Path(".gpuheal").mkdir(exist_ok=True)
+    shown = {"t": 0.0}
+
+    async def progress(fleet) -> None:
+        loop = asyncio.get_running_loop()
+        if loop.time() - shown["t"] < 1.0:
+            return
+        shown["t"] = loop.time()
+        from workflows.node_remediation import NodeRemediation
+
+        rows = []
+        for host in fleet.hosts.values():
+            if not host.injected:
+                continue
+            try:
+                st = await fleet.temporal.get_workflow_handle(f"remediate/{host.name}").query(NodeRemediation.status)
+                rung = st.next_rung.value if st.next_rung else "-"
+                rows.append(f"  {host.name:<12} {st.stage.value:<18} rung {rung:<8} "
+                            f"{(st.outcome.value if st.outcome else ''):<12} {st.actions[-1].summary[:60] if st.actions else ''}")
+            except Exception:  # noqa: BLE001 - not started yet
+                rows.append(f"  {host.name:<12} (fault injected, report on its way)")
+        print("\n".join(["", "-- live --", *rows]), flush=True)
+
+    async def run() -> dict:
+        from workers import simulate
+
+        if args.temporal:
+            return await run_scenario(scenario, policy, args.temporal, on_tick=progress)
+        async with simulate.temporal(None, db_file=".gpuheal/temporal.db", ui_port=8233) as client:
+            address = client.service_client.config.target_host
+            doc = await run_scenario(scenario, policy, address, on_tick=progress)
+            print(outcome_table(doc))
+            print("\nTemporal UI, each node's remediation history:")
+            for r in doc["nodes"]:
+                if r["workflow_id"]:
+                    print(f"  {r['node']:<12} http://localhost:8233/namespaces/default/workflows?query=GpuNode%3D%22{r['node']}%22")
+            if args.keep:
+                print("\n--keep: everything stays up; Ctrl-C to stop", flush=True)
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.Event().wait()
+            return doc
+
+    import contextlib
+
+    try:
+        doc = asyncio.run(run())
+    except KeyboardInterrupt:
+        return 0
+    if args.temporal:
+        print(outcome_table(doc))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpuheal", description="GPU-fleet remediation on Temporal.")
     p.add_argument("--log-level", default="WARNING")
@@ -177,6 +296,17 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_argument("--expected-gpus", type=int, default=8)
     agent.add_argument("--poll-interval", type=float, default=10.0)
     agent.set_defaults(func=cmd_agent)
+
+    sim = sub.add_parser("simulate", help="run a scenario on a simulated fleet, print each node's outcome")
+    sim.add_argument("scenario")
+    sim.add_argument("--json", action="store_true")
+    sim.add_argument("--temporal", default=None, help="HOST:PORT of an existing Temporal server (default: embedded)")
+    sim.set_defaults(func=cmd_simulate)
+
+    demo = sub.add_parser("demo", help="the whole system on this machine with the built-in scenario")
+    demo.add_argument("--keep", action="store_true", help="leave everything running until Ctrl-C")
+    demo.add_argument("--temporal", default=None, help="HOST:PORT of an existing Temporal server (default: embedded)")
+    demo.set_defaults(func=cmd_demo)
     return p
 
 

@@ -1,0 +1,255 @@
+"""A simulated GPU fleet on this machine: fake API server, moto, simulated hosts with real agents.
+
+Every node is an EC2 instance in moto, a Node in the fake API server, and a host with simulated
+GPUs whose real agent probes them, reports to Temporal and serves node-local activities. A host
+reboots when EC2 was asked to (the reboot tags), and a fault clears when a rung at or above its
+`cured_by` acts on it. The controller side runs the real activities.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import boto3
+from kubernetes import client
+from temporalio import activity
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.worker import Worker
+
+from activities import contracts as c
+from activities.cloud import REBOOT_KEY_TAG, REBOOT_STATE_TAG, CloudActivities
+from activities.contracts import node_task_queue
+from activities.guard import GuardActivities
+from activities.kube import KubeActivities
+from activities.ledger import LedgerActivities, SqliteLedger
+from activities.node import NodeActivities
+from health.nics import NicExpectation
+from health.runner import ProbeConfig
+from policies.findings import Finding
+from policies.model import Policy
+from sim.fake_kube import FakeKubeServer
+from sim.nvml import SimulatedNvml
+from sim.scenario import Fault, Scenario
+from sim.sysfs import PORT_UP, write_ib_ports
+from workers.agent import Agent, AgentConfig
+from workflows.fleet_guard import FleetGuard
+from workflows.node_admission import NodeAdmission
+from workflows.node_remediation import NodeRemediation, remediation_workflow_id
+
+CURE_ORDER = {"kill": 0, "reset": 1, "reboot": 2, "replace": 3, "none": 99}
+PORT_DOWN = ("1: DOWN", "2: Polling", "400 Gb/sec (4X NDR)")
+
+
+class SimNodeActivities(NodeActivities):
+    """The real node-local activities; the simulated host learns which rung acted on it."""
+
+    def __init__(self, host: SimHost, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.host = host
+
+    @activity.defn(name=c.NODE_KILL)
+    async def kill_gpu_processes(self, req: c.KillRequest) -> c.KillResult:
+        result = await super().kill_gpu_processes(req)
+        if not req.dry_run:
+            self.host.acted_on("kill")
+        return result
+
+    @activity.defn(name=c.NODE_RESET)
+    async def reset_gpu(self, req: c.ResetRequest) -> c.ResetResult:
+        if not req.dry_run:
+            self.host.acted_on("reset")
+        return await super().reset_gpu(req)
+
+
+@dataclass
+class SimHost:
+    name: str
+    fleet: SimulatedFleet
+    iid: str
+    root: Path
+    nv: SimulatedNvml
+    fault: Fault | None = None
+    recurs_left: int = 0
+    await_uncordon: bool = False
+    boots: int = 1
+    seen_reboot_key: str | None = None
+    replaced: bool = False
+    agent: Agent | None = None
+    injected: bool = False
+
+    @property
+    def sysfs(self) -> Path:
+        return self.root / "ib"
+
+    @property
+    def proc(self) -> Path:
+        return self.root / "proc"
+
+    def new_agent(self) -> Agent:
+        (self.proc / "sys/kernel/random/boot_id").write_text(f"{self.name}-boot-{self.boots}\n")
+        return Agent(self.fleet.temporal, self.fleet.agent_config(self), self.nv, boot_id=f"{self.name}-boot-{self.boots}")
+
+    def inject(self) -> None:
+        f = self.fault
+        if f.kind == "xid":
+            self.agent.add_events([Finding(kind="xid", xid=f.xid, gpu_index=f.gpu, uuid=self.nv.gpus[f.gpu].uuid,
+                                           pci=self.nv.gpus[f.gpu].pci, message=f"simulated Xid {f.xid}")])
+        elif f.kind == "nic_ports_down":
+            write_ib_ports(self.sysfs, [PORT_UP] * 7 + [PORT_DOWN])
+        else:
+            self.nv.inject(f.kind, gpu=f.gpu)
+        self.injected = True
+
+    def cure(self) -> None:
+        self.nv.clear()
+        write_ib_ports(self.sysfs, [PORT_UP] * 8)
+        if self.agent is not None:
+            self.agent.events.clear()
+        if self.recurs_left > 0:
+            self.recurs_left -= 1
+            self.await_uncordon = True
+
+    def acted_on(self, rung: str) -> None:
+        if self.fault is not None and self.injected and CURE_ORDER[rung] >= CURE_ORDER[self.fault.cured_by]:
+            self.cure()
+
+    async def tick(self) -> None:
+        """One beat of the host: reboots, recurrences, then the agent's probe cycle."""
+        if self.replaced:
+            return
+        await self._follow_cloud()
+        if self.await_uncordon and not self.fleet.kube.get("Node", "", self.name)["spec"].get("unschedulable"):
+            self.await_uncordon = False
+            self.inject()  # the fault comes back once the node is in service again
+        await self.agent.step()
+
+    async def _follow_cloud(self) -> None:
+        found = await asyncio.to_thread(self.fleet.ec2.describe_instances, InstanceIds=[self.iid])
+        inst = found["Reservations"][0]["Instances"][0]
+        if inst["State"]["Name"] in ("shutting-down", "terminated"):
+            self.replaced = True
+            return
+        tags = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
+        key = tags.get(REBOOT_KEY_TAG)
+        if key and key != self.seen_reboot_key and tags.get(REBOOT_STATE_TAG) == "sent":
+            self.seen_reboot_key = key
+            self.fleet.kube.set_node_ready(self.name, False)
+            self.acted_on("reboot")
+            self.boots += 1
+            self.fleet.kube.set_node_ready(self.name, True)
+            self.agent = self.new_agent()
+
+
+@dataclass
+class SimulatedFleet:
+    scenario: Scenario
+    policy: Policy
+    temporal: Client
+    task_queue: str = "gpuheal"
+    cluster: str = "sim"
+    poll_s: float = 0.2
+    hosts: dict[str, SimHost] = field(default_factory=dict)
+
+    def agent_config(self, host: SimHost) -> AgentConfig:
+        probe = ProbeConfig(expected_gpus=self.scenario.fleet.gpus_per_node, generation=self.scenario.fleet.generation,
+                            nics=NicExpectation(), sysfs_infiniband=host.sysfs, require_nvidia_smi=False)
+        return AgentConfig(node=host.name, policy=self.policy, cluster=self.cluster, task_queue=self.task_queue,
+                           generation=self.scenario.fleet.generation, probe=probe, poll_interval_s=self.poll_s,
+                           persist_polls=1, resend_interval_s=60, kmsg=None, admit_on_start=False)
+
+    @contextlib.asynccontextmanager
+    async def running(self, moto_url: str):
+        self.tmp = Path(tempfile.mkdtemp(prefix="gpuheal-sim-"))
+        session = boto3.Session(aws_access_key_id="sim", aws_secret_access_key="sim", region_name="us-east-1")
+        self.ec2 = session.client("ec2", endpoint_url=moto_url)
+        autoscaling, ssm = session.client("autoscaling", endpoint_url=moto_url), session.client("ssm", endpoint_url=moto_url)
+        server = FakeKubeServer().start()
+        self.kube = server.kube
+        api = client.ApiClient(server.configuration())
+        core = client.CoreV1Api(api)
+        smi = self.tmp / "nvidia-smi"
+        smi.write_text("#!/bin/sh\nexit 0\n")  # the simulated driver's reset always returns
+        smi.chmod(0o755)
+        self._build(core)
+        kube_acts, cloud = KubeActivities(core), CloudActivities(self.ec2, autoscaling, ssm, core)
+        ledger, guard = LedgerActivities(SqliteLedger(self.tmp / "ledger.db")), GuardActivities(self.temporal)
+        workers = [Worker(self.temporal, task_queue=self.task_queue,
+                          workflows=[NodeRemediation, FleetGuard, NodeAdmission],
+                          activities=[kube_acts.quarantine, kube_acts.return_to_service, kube_acts.attribute_pods,
+                                      kube_acts.drain, kube_acts.event, kube_acts.fleet_size, cloud.reboot,
+                                      cloud.replace, ledger.record, ledger.count_recent, ledger.denylist,
+                                      ledger.check_denied, guard.signal_guard, guard.live_holders],
+                          max_concurrent_activities=200)]
+        for host in self.hosts.values():
+            acts = SimNodeActivities(host, self.agent_config(host).probe, host.nv, proc=host.proc, nvidia_smi=str(smi),
+                                     dcgmi=str(self.tmp / "no-dcgmi"))
+            workers.append(Worker(self.temporal, task_queue=node_task_queue(host.name),
+                                  activities=[acts.kill_gpu_processes, acts.reset_gpu, acts.validate, acts.boot_id]))
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                for w in workers:
+                    await stack.enter_async_context(w)
+                yield self
+        finally:
+            api.close()
+            server.stop()
+
+    def _build(self, core) -> None:
+        ami = self.ec2.describe_images()["Images"][0]["ImageId"]
+        sc = self.scenario
+        for name in sc.fleet.names():
+            iid = self.ec2.run_instances(
+                ImageId=ami, MinCount=1, MaxCount=1, InstanceType="p5.48xlarge",
+                Placement={"AvailabilityZone": "us-east-1a"},
+                TagSpecifications=[{"ResourceType": "instance", "Tags": [
+                    {"Key": "gpuheal.io/managed", "Value": "true"}, {"Key": "Name", "Value": name}]}])[
+                "Instances"][0]["InstanceId"]
+            self.kube.add_node(name, labels={"nvidia.com/gpu.present": "true"}, provider_id=f"aws:///us-east-1a/{iid}")
+            root = self.tmp / name
+            (root / "proc/sys/kernel/random").mkdir(parents=True)
+            host = SimHost(name, self, iid, root, SimulatedNvml(name, sc.fleet.gpus_per_node, sc.fleet.generation))
+            write_ib_ports(host.sysfs, [PORT_UP] * 8)
+            host.agent = host.new_agent()
+            self.hosts[name] = host
+        for job in sc.fleet.jobs:
+            for i, node in enumerate(job.nodes):
+                self.kube.add_pod(f"{job.name}-{i}", node, labels={"job": job.name})
+            self.kube.add_pdb(job.name, {"job": job.name}, min_available=job.min_available)
+
+    async def play(self, deadline_s: float = 600.0, on_tick=None) -> None:
+        """Inject each fault at its (scaled) time; run every host until all episodes have ended."""
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        pending = sorted(self.scenario.faults, key=lambda f: f.at)
+        while loop.time() - start < deadline_s:
+            elapsed = loop.time() - start
+            while pending and pending[0].at.total_seconds() * self.scenario.time_scale <= elapsed:
+                f = pending.pop(0)
+                host = self.hosts[f.node]
+                host.fault, host.recurs_left = f, f.recurs
+                host.inject()
+            await asyncio.gather(*(h.tick() for h in self.hosts.values()))
+            if on_tick is not None:
+                await on_tick(self)
+            if not pending and await self._all_settled():
+                return
+            await asyncio.sleep(self.poll_s)
+        raise TimeoutError(f"scenario {self.scenario.name} did not settle within {deadline_s:.0f}s")
+
+    async def _all_settled(self) -> bool:
+        for host in self.hosts.values():
+            if not host.injected:
+                continue
+            if host.await_uncordon:
+                return False
+            try:
+                desc = await self.temporal.get_workflow_handle(remediation_workflow_id(host.name)).describe()
+            except Exception:  # noqa: BLE001 - not started yet
+                return False
+            if desc.status == WorkflowExecutionStatus.RUNNING:
+                return False
+        return True

