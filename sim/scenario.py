@@ -77,6 +77,9 @@ class Scenario(_Strict):
         return self
 
 
+BUILTIN_SCENARIOS = Path(__file__).resolve().parent / "scenarios"
+
+
 class ScenarioError(ValueError):
     def __init__(self, source: str, problems: list[str]):
         self.source, self.problems = source, problems

@@ -191,9 +191,7 @@ def _port_free(port: int) -> bool:
 def cmd_demo(args) -> int:
     """The whole system on this machine: dev server (SQLite under .gpuheal/, UI :8233), fake API
     server, moto, controller, one simulated agent per node, and the built-in scenario."""
-    from importlib import resources
-
-    from sim.scenario import load_scenario
+    from sim.scenario import BUILTIN_SCENARIOS, load_scenario
     from workers.simulate import run_scenario
 
     if not args.temporal:
@@ -202,7 +200,7 @@ def cmd_demo(args) -> int:
             print(f"gpuheal demo: {', '.join(busy)} already in use: stop what holds it, or pass --temporal HOST:PORT",
                   file=sys.stderr)
             return 2
-    scenario, policy = load_scenario(text=resources.files("sim").joinpath("scenarios/demo.yaml").read_text())
+    scenario, policy = load_scenario(BUILTIN_SCENARIOS / "demo.yaml")
     Path(".gpuheal").mkdir(exist_ok=True)
     shown = {"t": 0.0}
 

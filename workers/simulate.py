@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import os
 import uuid
+from datetime import UTC, datetime, timedelta
 
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -51,9 +52,10 @@ async def temporal(address: str | None, db_file: str | None = None, ui_port: int
         await env.shutdown()
 
 
-async def node_outcome(client: Client, node: str) -> dict:
-    """Every episode of a node, newest last, folded into the outcome document's row."""
-    runs = [w async for w in client.list_workflows(f'WorkflowId = "{remediation_workflow_id(node)}"')]
+async def node_outcome(client: Client, node: str, since: datetime) -> dict:
+    """Every episode of a node in this run, newest last, folded into the outcome document's row."""
+    runs = [w async for w in client.list_workflows(f'WorkflowId = "{remediation_workflow_id(node)}"')
+            if w.start_time >= since]  # a persistent server keeps earlier demos' episodes too
     runs.sort(key=lambda w: w.start_time)
     row = {"node": node, "outcome": "healthy", "fault_class": None, "attribution": None, "rungs": [],
            "validations": 0, "workflow_id": remediation_workflow_id(node), "run_ids": [], "history_events": 0,
@@ -94,11 +96,12 @@ async def run_scenario(scenario: Scenario, policy: Policy, temporal_address: str
         async with temporal(temporal_address) as client:
             fleet = SimulatedFleet(scenario, policy, client, task_queue=f"gpuheal-sim-{uuid.uuid4().hex[:6]}",
                                    cluster=f"sim-{uuid.uuid4().hex[:6]}")
+            since = datetime.now(UTC) - timedelta(seconds=1)
             async with fleet.running(moto_url):
                 await fleet.play(on_tick=on_tick)
                 faulty = sorted({f.node for f in scenario.faults})
                 await wait_visible(client, faulty)
-                rows = [await node_outcome(client, n) if n in faulty else
+                rows = [await node_outcome(client, n, since) if n in faulty else
                         {"node": n, "outcome": "healthy", "fault_class": None, "attribution": None, "rungs": [],
                          "validations": 0, "workflow_id": None, "run_ids": [], "history_events": 0,
                          "detect_to_cordon_ms": None, "duration_s": 0.0}
