@@ -32,6 +32,13 @@ def cmd_policy_check(args) -> int:
     return 0
 
 
+def cmd_policy_reference(args) -> int:
+    from policies.reference import policy_reference
+
+    print(policy_reference())
+    return 0
+
+
 def cmd_replay(args) -> int:
     from workers.replay import replay_dir
 
@@ -264,6 +271,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("file")
     check.add_argument("--json", action="store_true")
     check.set_defaults(func=cmd_policy_check)
+    reference = policy.add_parser("reference", help="print the policy reference (markdown) from the model's field docs")
+    reference.set_defaults(func=cmd_policy_reference)
 
     replay = sub.add_parser("replay", help="replay exported histories (*.json) against the current code")
     replay.add_argument("dir")

@@ -75,3 +75,14 @@ def test_cli_policy_check(tmp_path):
     missing = subprocess.run([sys.executable, "-m", "workers.cli", "policy", "check", str(tmp_path / "nope.yaml")],
                              capture_output=True, text=True)
     assert missing.returncode == 1 and "cannot read" in missing.stderr
+
+
+def test_readme_policy_reference_is_generated_from_the_model():
+    from pathlib import Path
+
+    from policies.reference import END, START, policy_reference
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme[readme.index(START):readme.index(END) + len(END)]
+    assert section == policy_reference(), "README's policy reference drifted: regenerate with `gpuheal policy reference`"
+    assert "| `ladder.reboot.return_timeout` | 15m |" in section
