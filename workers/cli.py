@@ -261,6 +261,74 @@ def cmd_demo(args) -> int:
     return 0
 
 
+def _operator(args, work) -> int:
+    """Run one operator command: JSON or a human line; a one-line reason and non-zero on failure."""
+    from workers.operator import OperatorError
+    from workers.temporal_client import connect
+
+    async def go():
+        try:
+            client = await connect(args.temporal, args.namespace)
+        except Exception as err:  # noqa: BLE001 - one line, not a stack trace
+            raise OperatorError(f"cannot reach Temporal at {args.temporal}: {err}") from None
+        return await work(client)
+
+    try:
+        doc = asyncio.run(go())
+    except OperatorError as err:
+        print(f"gpuheal {args.command}: {err}", file=sys.stderr)
+        return 1
+    except Exception as err:  # noqa: BLE001 - rejected updates and the like
+        cause = getattr(err, "cause", None)
+        print(f"gpuheal {args.command}: {cause or err}", file=sys.stderr)
+        return 1
+    doc = doc.model_dump(mode="json") if hasattr(doc, "model_dump") else doc
+    if args.json:
+        _print_json(doc)
+    elif isinstance(doc, list):
+        for row in doc:
+            print(json.dumps(row, default=str))
+    else:
+        print(json.dumps(doc, indent=1, default=str))
+    return 0
+
+
+def cmd_status(args) -> int:
+    from workers import operator as op
+
+    return _operator(args, lambda c: op.node_status(c, args.node) if args.node else op.fleet_status(c))
+
+
+def cmd_history(args) -> int:
+    from workers import operator as op
+
+    return _operator(args, lambda c: op.history(c, args.node))
+
+
+def cmd_episode_update(args) -> int:
+    from workers import operator as op
+
+    update, extra = {"approve": ("approve", []), "replace": ("skip_to", ["replace"])}[args.command]
+    return _operator(args, lambda c: op.update_episode(c, args.node, update, *extra))
+
+
+def cmd_guard(args) -> int:
+    from workers import operator as op
+
+    extra = [args.reason] if args.command == "pause" else []
+    return _operator(args, lambda c: op.guard_update(c, args.cluster, args.command, *extra))
+
+
+def cmd_report(args) -> int:
+    from workers import operator as op
+
+    async def work(c):
+        handle = await op.manual_report(c, args.node, args.xid, args.gpu, args.policy, args.cluster, args.task_queue)
+        return {"workflow_id": handle.id, "sent": True}
+
+    return _operator(args, work)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpuheal", description="GPU-fleet remediation on Temporal.")
     p.add_argument("--log-level", default="WARNING")
@@ -314,6 +382,31 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--keep", action="store_true", help="leave everything running until Ctrl-C")
     demo.add_argument("--temporal", default=None, help="HOST:PORT of an existing Temporal server (default: embedded)")
     demo.set_defaults(func=cmd_demo)
+
+    def operator_cmd(name: str, help_: str, func, node: str | None = None):
+        sp = sub.add_parser(name, help=help_)
+        if node == "required":
+            sp.add_argument("node")
+        elif node == "optional":
+            sp.add_argument("node", nargs="?")
+        sp.add_argument("--temporal", default="127.0.0.1:7233", help="HOST:PORT of the Temporal frontend")
+        sp.add_argument("--namespace", default="default")
+        sp.add_argument("--cluster", default="default")
+        sp.add_argument("--json", action="store_true")
+        sp.set_defaults(func=func)
+        return sp
+
+    operator_cmd("status", "what is happening to a node, or every open episode", cmd_status, "optional")
+    operator_cmd("history", "every episode of a node, each step with its time and result", cmd_history, "required")
+    operator_cmd("approve", "approve the rung a node's episode waits on", cmd_episode_update, "required")
+    operator_cmd("replace", "skip a node's episode straight to replacement", cmd_episode_update, "required")
+    operator_cmd("pause", "pause new disruptive leases in the cluster", cmd_guard).add_argument("--reason", default="")
+    operator_cmd("resume", "resume disruptive leases (also closes a tripped storm breaker)", cmd_guard)
+    rep = operator_cmd("report", "report a fault by hand", cmd_report, "required")
+    rep.add_argument("--xid", type=int, required=True)
+    rep.add_argument("--gpu", type=int, required=True)
+    rep.add_argument("--policy", default="default")
+    rep.add_argument("--task-queue", default="gpuheal")
     return p
 
 

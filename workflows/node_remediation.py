@@ -88,7 +88,7 @@ class RemediationState(BaseModel):
     latest: HealthReport | None = None
     first_report: HealthReport | None = None
     boot_id: str | None = None
-    seq_by_boot: dict[str, int] = Field(default_factory=dict)
+    seq_by_boot: dict[str, int] = Field(default_factory=dict, description="'<source>:<boot id>' -> last sequence")
     retired_boots: list[str] = Field(default_factory=list)
     duplicates: int = 0
     rejected: list[RejectedReport] = Field(default_factory=list)
@@ -192,12 +192,13 @@ class NodeRemediation:
             return self._reject(f"report for node {r.node!r} sent to {self.node!r}", raw)
         if r.boot_id in self.s.retired_boots:
             return self._reject(f"stale report from earlier boot {r.boot_id}", raw)
-        last = self.s.seq_by_boot.get(r.boot_id)
+        # Sequences are per sender and boot: the agent, a condition watcher and an operator each count their own.
+        last = self.s.seq_by_boot.get(_seq_key(r))
         if last is not None and r.seq <= last:
             if self.s.latest and r.seq == last and r.fingerprint() == self.s.latest.fingerprint():
                 self.s.duplicates += 1
                 return None
-            return self._reject(f"stale sequence {r.seq} (already have {last} for boot {r.boot_id})", raw)
+            return self._reject(f"stale sequence {r.seq} (already have {last} from {r.source} for boot {r.boot_id})", raw)
         self._accept(r)
 
     @workflow.signal(name=HOLDER_SIGNAL_GRANTED)
@@ -610,9 +611,9 @@ class NodeRemediation:
     def _accept(self, r: HealthReport) -> None:
         if self.s.boot_id is not None and r.boot_id != self.s.boot_id:
             self.s.retired_boots = [*self.s.retired_boots, self.s.boot_id][-MAX_BOOTS_KEPT:]
-            self.s.seq_by_boot.pop(self.s.boot_id, None)
+            self.s.seq_by_boot = {k: v for k, v in self.s.seq_by_boot.items() if not k.endswith(f":{self.s.boot_id}")}
         self.s.boot_id = r.boot_id
-        self.s.seq_by_boot[r.boot_id] = r.seq
+        self.s.seq_by_boot[_seq_key(r)] = r.seq
         self.s.latest = r
         if self.s.first_report is None:
             self.s.first_report = r
@@ -701,6 +702,10 @@ class NodeRemediation:
             rungs=self.s.rungs_tried, validations=self.s.validations,
             detect_to_cordon_ms=self.s.detect_to_cordon_ms, run_ids=self.s.run_ids,
         )
+
+
+def _seq_key(r: HealthReport) -> str:
+    return f"{r.source}:{r.boot_id}"
 
 
 def _cause(err: ActivityError) -> str:

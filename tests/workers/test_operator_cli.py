@@ -1,0 +1,56 @@
+"""The operator commands against the dev server, as a person runs them (a subprocess each)."""
+
+import asyncio
+import json
+import subprocess
+import sys
+
+from policies.loader import default_policy
+from tests.workflows.fakes import FakeFleet, FakeNode, xid
+from workflows.node_remediation import NodeRemediation, RemediationResult
+
+
+async def cli(address: str, *argv: str) -> subprocess.CompletedProcess:
+    return await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "workers.cli", *argv, "--temporal", address],
+                                   capture_output=True, text=True, timeout=60)
+
+
+async def test_status_approve_history_report_pause(dev_env, uniq, tmp_path):
+    fast = tmp_path / "fast.yaml"
+    fast.write_text("validation: {soak: 50ms}\nprobation: 200ms\nladder: {reset: {return_timeout: 50ms}}\n")
+    address = dev_env.client.service_client.config.target_host
+    policy = default_policy().scaled(0.001)
+    policy.ladder.reboot.requires_approval = True
+    policy.ladder.reboot.approval_timeout = policy.ladder.reboot.approval_timeout * 1000  # a day: waits for us
+    fleet = FakeFleet(client=dev_env.client, task_queue="gpuheal", policy=policy, cluster="default")
+    n = fleet.add(FakeNode(f"op-{uniq}", [xid(79)], cured_by="reboot"))
+    other = fleet.add(FakeNode(f"op2-{uniq}", [xid(48)], cured_by="reset"))
+    async with fleet.workers():
+        handle = await fleet.report(n.name)
+        for _ in range(100):
+            if (await handle.query(NodeRemediation.status)).awaiting_approval:
+                break
+            await asyncio.sleep(0.05)
+        st = await cli(address, "status", n.name, "--json")
+        assert st.returncode == 0, st.stderr
+        assert json.loads(st.stdout)["awaiting_approval"] == "reboot"
+        everyone = json.loads((await cli(address, "status", "--json")).stdout)
+        assert any(r["node"] == n.name and r["awaiting_approval"] == "reboot" for r in everyone)
+        assert (await cli(address, "approve", n.name)).returncode == 0
+        result = await dev_env.client.get_workflow_handle(handle.id, result_type=RemediationResult).result()
+        assert result.outcome == "returned"
+        again = await cli(address, "approve", n.name)
+        assert again.returncode == 1 and "no open remediation episode" in again.stderr
+        hist = json.loads((await cli(address, "history", n.name, "--json")).stdout)
+        steps = [s["summary"] for s in hist[-1]["steps"]]
+        assert hist[-1]["outcome"] == "returned" and any(s.startswith(f"reboot {n.name}") for s in steps)
+        rep = await cli(address, "report", other.name, "--xid", "48", "--gpu", "3", "--policy", str(fast))
+        assert rep.returncode == 0, rep.stderr
+        r2 = await dev_env.client.get_workflow_handle(f"remediate/{other.name}", result_type=RemediationResult).result()
+        assert (r2.fault_class, r2.rungs) == ("memory", ["reset"])
+        paused = json.loads((await cli(address, "pause", "--reason", "driver rollout", "--json")).stdout)
+        assert paused["paused"] and paused["pause_reason"] == "driver rollout"
+        assert not json.loads((await cli(address, "resume", "--json")).stdout)["paused"]
+        await fleet.stop_guard()
+    missing = await cli(address, "history", f"ghost-{uniq}")
+    assert missing.returncode == 1 and "no remediation has ever run" in missing.stderr

@@ -1,0 +1,92 @@
+"""Operator commands over Temporal: status, history, pause/resume, approve, replace, manual reports."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.service import RPCError, RPCStatusCode
+
+from policies.findings import Finding, HealthReport
+from policies.loader import load_policy
+from workers.reporting import send_report
+from workflows.fleet_guard import FleetGuard, guard_workflow_id
+from workflows.node_remediation import NodeRemediation, RemediationStatus, remediation_workflow_id
+
+
+class OperatorError(Exception):
+    """A one-line reason the command could not do what was asked."""
+
+
+async def _running(client: Client, node: str):
+    handle = client.get_workflow_handle(remediation_workflow_id(node))
+    try:
+        desc = await handle.describe()
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            raise OperatorError(f"no remediation has ever run for node {node!r}") from None
+        raise
+    return handle, desc.status == WorkflowExecutionStatus.RUNNING
+
+
+async def node_status(client: Client, node: str) -> RemediationStatus:
+    handle, _ = await _running(client, node)
+    return await handle.query(NodeRemediation.status)
+
+
+async def fleet_status(client: Client) -> list[dict]:
+    out = []
+    async for w in client.list_workflows('WorkflowType = "NodeRemediation" AND ExecutionStatus = "Running"'):
+        st = await client.get_workflow_handle(w.id, run_id=w.run_id).query(NodeRemediation.status)
+        out.append({"node": st.node, "stage": st.stage.value, "next_rung": st.next_rung.value if st.next_rung else None,
+                    "fault_class": st.triage.fault_class if st.triage else None, "paused": st.paused,
+                    "awaiting_approval": st.awaiting_approval.value if st.awaiting_approval else None})
+    return sorted(out, key=lambda r: r["node"])
+
+
+async def history(client: Client, node: str) -> list[dict]:
+    """Every episode of a node, oldest first, each step with its time and result."""
+    episodes = []
+    async for w in client.list_workflows(f'WorkflowId = "{remediation_workflow_id(node)}"'):
+        st = await client.get_workflow_handle(w.id, run_id=w.run_id).query(NodeRemediation.status)
+        episodes.append({"run_id": w.run_id, "started": w.start_time.isoformat(), "status": w.status.name,
+                         "outcome": st.outcome.value if st.outcome else None, "reason": st.outcome_reason,
+                         "rungs": [r.value for r in st.rungs_tried],
+                         "steps": [{"at": a.at.isoformat(), "step": a.step, "summary": a.summary, "ok": a.ok,
+                                    "detail": a.detail} for a in st.actions]})
+    if not episodes:
+        raise OperatorError(f"no remediation has ever run for node {node!r}")
+    return sorted(episodes, key=lambda e: e["started"])
+
+
+async def update_episode(client: Client, node: str, update: str, *args) -> RemediationStatus:
+    handle, running = await _running(client, node)
+    if not running:
+        raise OperatorError(f"node {node!r} has no open remediation episode")
+    return await handle.execute_update(update, args=list(args), result_type=RemediationStatus)
+
+
+async def guard_update(client: Client, cluster: str, update: str, *args):
+    handle = client.get_workflow_handle(guard_workflow_id(cluster))
+    try:
+        return await handle.execute_update(getattr(FleetGuard, update), *args)
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            raise OperatorError(f"no fleet guard runs for cluster {cluster!r}") from None
+        raise
+
+
+async def manual_report(client: Client, node: str, xid: int, gpu: int, policy_path: str = "default",
+                        cluster: str = "default", task_queue: str = "gpuheal"):
+    """A person's report: its own sequence, on the node's current boot so the agent's stay valid."""
+    boot = "manual"
+    try:
+        boot = (await node_status(client, node)).boot_id or boot
+    except OperatorError:
+        pass
+    report = HealthReport(node=node, boot_id=boot, seq=time.time_ns() // 1000, source="manual",
+                          detected_at=datetime.now(UTC),
+                          findings=[Finding(kind="xid", xid=xid, gpu_index=gpu, message=f"reported by an operator: Xid {xid}")])
+    return await send_report(client, report, node=node, policy=load_policy(policy_path), cluster=cluster,
+                             task_queue=task_queue)
