@@ -112,6 +112,33 @@ def cmd_probe_nvml(args) -> int:
     return 0 if not result.findings else 1
 
 
+def cmd_controller(args) -> int:
+    """Workflows and cluster-side activities; run as many replicas as the load needs."""
+    import signal
+
+    from workers.controller import ControllerConfig, run_controller
+    from workers.temporal_client import connect
+
+    cfg = ControllerConfig(task_queue=args.task_queue, kubeconfig=args.kubeconfig, ledger=args.ledger,
+                           gpu_node_selector=args.gpu_node_selector or None)
+
+    async def run() -> int:
+        try:
+            client = await connect(args.temporal, args.namespace)
+        except Exception as err:  # noqa: BLE001 - one line, not a stack trace
+            print(f"gpuheal controller: cannot reach Temporal at {args.temporal}: {err}", file=sys.stderr)
+            return 2
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        print(f"gpuheal controller: serving {args.task_queue} on {args.temporal}", file=sys.stderr, flush=True)
+        await run_controller(client, cfg, stop)
+        return 0
+
+    return asyncio.run(run())
+
+
 def cmd_agent(args) -> int:
     """The node agent: probes this host and serves node-local activities on node/<name>."""
     import signal
@@ -359,6 +386,15 @@ def build_parser() -> argparse.ArgumentParser:
     nvml.add_argument("--json", action="store_true")
     nvml.add_argument("--npd", action="store_true", help="node-problem-detector custom plugin protocol")
     nvml.set_defaults(func=cmd_probe_nvml)
+
+    ctl = sub.add_parser("controller", help="run the controller (workflows and cluster-side activities)")
+    ctl.add_argument("--temporal", default="127.0.0.1:7233", help="HOST:PORT of the Temporal frontend")
+    ctl.add_argument("--namespace", default="default")
+    ctl.add_argument("--task-queue", default="gpuheal")
+    ctl.add_argument("--kubeconfig", default=None, help="default: in-cluster config, else ~/.kube/config")
+    ctl.add_argument("--ledger", default=".gpuheal/ledger.db", help="SQLite path or dynamodb://TABLE")
+    ctl.add_argument("--gpu-node-selector", default="nvidia.com/gpu.present=true")
+    ctl.set_defaults(func=cmd_controller)
 
     agent = sub.add_parser("agent", help="run the node agent on this GPU node")
     agent.add_argument("--node", required=True)

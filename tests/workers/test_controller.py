@@ -1,0 +1,61 @@
+"""`gpuheal controller` as a process: kubeconfig to the fake API server, an application fault handled."""
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+
+from temporalio.worker import Worker
+
+from activities.contracts import node_task_queue
+from activities.node import NodeActivities
+from health.nics import NicExpectation
+from health.runner import ProbeConfig
+from policies.findings import Finding, HealthReport
+from policies.loader import default_policy
+from sim.fake_kube import FakeKubeServer
+from sim.nvml import SimulatedNvml
+from workers.reporting import send_report
+from workflows.node_remediation import RemediationResult
+
+
+async def test_controller_process_runs_an_episode(dev_env, uniq, tmp_path):
+    server = FakeKubeServer().start()
+    node, tq = f"ctl-{uniq}", f"ctl-{uniq}"
+    server.kube.add_node(node)
+    server.kube.add_pod("job-0", node)
+    cfg = tmp_path / "kubeconfig"
+    cfg.write_text(f"""apiVersion: v1
+kind: Config
+clusters: [{{name: fake, cluster: {{server: "{server.url}"}}}}]
+users: [{{name: u, user: {{token: t}}}}]
+contexts: [{{name: c, context: {{cluster: fake, user: u}}}}]
+current-context: c
+""")
+    address = dev_env.client.service_client.config.target_host
+    proc = subprocess.Popen([sys.executable, "-m", "workers.cli", "controller", "--temporal", address, "--task-queue", tq,
+                             "--kubeconfig", str(cfg), "--ledger", str(tmp_path / "ledger.db")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "AWS_DEFAULT_REGION": "us-east-1"})
+    nv = SimulatedNvml(node, gpus=8)
+    (tmp_path / "proc/sys/kernel/random").mkdir(parents=True)
+    (tmp_path / "proc/sys/kernel/random/boot_id").write_text("b1\n")
+    acts = NodeActivities(ProbeConfig(expected_gpus=8, nics=NicExpectation(ports=0), require_nvidia_smi=False,
+                                      sysfs_infiniband=tmp_path), nv, proc=tmp_path / "proc")
+    policy = default_policy().scaled(0.001)
+    try:
+        async with Worker(dev_env.client, task_queue=node_task_queue(node),
+                          activities=[acts.kill_gpu_processes, acts.reset_gpu, acts.validate, acts.boot_id]):
+            await send_report(dev_env.client, HealthReport(node=node, boot_id="b1", seq=1, findings=[
+                Finding(kind="xid", xid=13, gpu_index=1)]), node=node, policy=policy, task_queue=tq)
+            handle = dev_env.client.get_workflow_handle(f"remediate/{node}", result_type=RemediationResult)
+            result = await asyncio.wait_for(handle.result(), 60)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+        server.stop()
+    assert (result.outcome, result.attribution, result.rungs) == ("returned", "application", ["kill"]), err[-2000:]
+    ann = server.kube.get("Pod", "default", "job-0")["metadata"]["annotations"]
+    assert ann["gpuheal.io/failure-attribution"] == "application"
+    assert proc.returncode == 0 and "serving" in err

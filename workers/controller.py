@@ -1,0 +1,60 @@
+"""The controller: workflows plus the cluster-side activities (kube, cloud, ledger, guard) on `gpuheal`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import boto3
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from activities.cloud import CloudActivities
+from activities.guard import GuardActivities
+from activities.kube import KubeActivities, load_core_api
+from activities.ledger import DynamoLedger, LedgerActivities, SqliteLedger
+from workflows.fleet_guard import FleetGuard
+from workflows.node_admission import NodeAdmission
+from workflows.node_remediation import NodeRemediation
+
+log = logging.getLogger("gpuheal.controller")
+
+
+@dataclass
+class ControllerConfig:
+    task_queue: str = "gpuheal"
+    kubeconfig: str | None = None  # None: in-cluster config, else ~/.kube/config
+    gpu_node_selector: str | None = "nvidia.com/gpu.present=true"
+    ledger: str = ".gpuheal/ledger.db"  # a SQLite path, or dynamodb://<table>
+    events_namespace: str = "default"
+    max_concurrent_activities: int = 200
+
+
+def build_worker(client: Client, cfg: ControllerConfig) -> Worker:
+    core = load_core_api(cfg.kubeconfig)
+    kube = KubeActivities(core, cfg.events_namespace, cfg.gpu_node_selector)
+    # boto3 finds region, credentials and endpoints (AWS_ENDPOINT_URL) the standard way.
+    session = boto3.Session()
+    cloud = CloudActivities(session.client("ec2"), session.client("autoscaling"), session.client("ssm"), core)
+    if cfg.ledger.startswith("dynamodb://"):
+        store = DynamoLedger(session.client("dynamodb"), cfg.ledger.removeprefix("dynamodb://"))
+    else:
+        Path(cfg.ledger).parent.mkdir(parents=True, exist_ok=True)
+        store = SqliteLedger(cfg.ledger)
+    ledger, guard = LedgerActivities(store), GuardActivities(client)
+    return Worker(
+        client, task_queue=cfg.task_queue, workflows=[NodeRemediation, FleetGuard, NodeAdmission],
+        activities=[kube.quarantine, kube.return_to_service, kube.attribute_pods, kube.drain, kube.event,
+                    kube.fleet_size, cloud.reboot, cloud.replace, cloud.boot_id, ledger.record, ledger.count_recent,
+                    ledger.denylist, ledger.check_denied, guard.signal_guard, guard.live_holders],
+        max_concurrent_activities=cfg.max_concurrent_activities,
+    )
+
+
+async def run_controller(client: Client, cfg: ControllerConfig, stop: asyncio.Event) -> None:
+    worker = build_worker(client, cfg)
+    async with worker:
+        log.info("controller serving task queue %s", cfg.task_queue)
+        await stop.wait()
