@@ -652,6 +652,19 @@ class FakeKubeServer:
         self.httpd.server_close()
         self.kube.close()
 
+    def write_kubeconfig(self, path) -> str:
+        """A kubeconfig pointing at this server, for code that loads config the standard way."""
+        from pathlib import Path
+
+        Path(path).write_text(f"""apiVersion: v1
+kind: Config
+clusters: [{{name: fake, cluster: {{server: "{self.url}"}}}}]
+users: [{{name: u, user: {{token: t}}}}]
+contexts: [{{name: c, context: {{cluster: fake, user: u}}}}]
+current-context: c
+""")
+        return str(path)
+
     def configuration(self):
         from kubernetes import client
 

@@ -112,40 +112,46 @@ def cmd_probe_nvml(args) -> int:
     return 0 if not result.findings else 1
 
 
-def cmd_controller(args) -> int:
-    """Workflows and cluster-side activities; run as many replicas as the load needs."""
+def _serve(args, body) -> int:
+    """A long-running process: connect (one line if Temporal is not there), run until SIGINT/SIGTERM."""
     import signal
 
-    from workers.controller import ControllerConfig, run_controller
     from workers.temporal_client import connect
-
-    cfg = ControllerConfig(task_queue=args.task_queue, kubeconfig=args.kubeconfig, ledger=args.ledger,
-                           gpu_node_selector=args.gpu_node_selector or None)
 
     async def run() -> int:
         try:
             client = await connect(args.temporal, args.namespace)
         except Exception as err:  # noqa: BLE001 - one line, not a stack trace
-            print(f"gpuheal controller: cannot reach Temporal at {args.temporal}: {err}", file=sys.stderr)
+            print(f"gpuheal {args.command}: cannot reach Temporal at {args.temporal}: {err}", file=sys.stderr)
             return 2
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        print(f"gpuheal controller: serving {args.task_queue} on {args.temporal}", file=sys.stderr, flush=True)
-        await run_controller(client, cfg, stop)
+        await body(client, stop)
         return 0
 
     return asyncio.run(run())
 
 
+def cmd_controller(args) -> int:
+    """Workflows and cluster-side activities; run as many replicas as the load needs."""
+    from workers.controller import ControllerConfig, run_controller
+
+    cfg = ControllerConfig(task_queue=args.task_queue, kubeconfig=args.kubeconfig, ledger=args.ledger,
+                           gpu_node_selector=args.gpu_node_selector or None)
+
+    async def body(client, stop) -> None:
+        print(f"gpuheal controller: serving {args.task_queue} on {args.temporal}", file=sys.stderr, flush=True)
+        await run_controller(client, cfg, stop)
+
+    return _serve(args, body)
+
+
 def cmd_agent(args) -> int:
     """The node agent: probes this host and serves node-local activities on node/<name>."""
-    import signal
-
     from health.runner import ProbeConfig
     from workers.agent import AgentConfig, run_agent
-    from workers.temporal_client import connect
 
     try:
         policy = load_policy(args.policy)
@@ -156,20 +162,10 @@ def cmd_agent(args) -> int:
                          generation=args.generation, poll_interval_s=args.poll_interval,
                          probe=ProbeConfig(expected_gpus=args.expected_gpus, generation=args.generation))
 
-    async def run() -> int:
-        try:
-            client = await connect(args.temporal, args.namespace)
-        except Exception as err:  # noqa: BLE001 - one line, not a stack trace
-            print(f"gpuheal agent: cannot reach Temporal at {args.temporal}: {err}", file=sys.stderr)
-            return 2
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+    async def body(client, stop) -> None:
         await run_agent(client, config, stop)
-        return 0
 
-    return asyncio.run(run())
+    return _serve(args, body)
 
 
 def cmd_simulate(args) -> int:
@@ -288,6 +284,15 @@ def cmd_demo(args) -> int:
     return 0
 
 
+def _exit_now(reason: str) -> int:
+    """Print the one-line reason and leave at once: letting the interpreter finalize right after a
+    failed Temporal call can abort in the SDK's native threads (seen as exit -6)."""
+    print(reason, file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
+
+
 def _operator(args, work) -> int:
     """Run one operator command: JSON or a human line; a one-line reason and non-zero on failure."""
     from workers.operator import OperatorError
@@ -303,12 +308,9 @@ def _operator(args, work) -> int:
     try:
         doc = asyncio.run(go())
     except OperatorError as err:
-        print(f"gpuheal {args.command}: {err}", file=sys.stderr)
-        return 1
+        return _exit_now(f"gpuheal {args.command}: {err}")
     except Exception as err:  # noqa: BLE001 - rejected updates and the like
-        cause = getattr(err, "cause", None)
-        print(f"gpuheal {args.command}: {cause or err}", file=sys.stderr)
-        return 1
+        return _exit_now(f"gpuheal {args.command}: {getattr(err, 'cause', None) or err}")
     doc = doc.model_dump(mode="json") if hasattr(doc, "model_dump") else doc
     if args.json:
         _print_json(doc)

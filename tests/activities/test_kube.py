@@ -172,15 +172,8 @@ def test_load_core_api_from_kubeconfig(tmp_path):
     server = FakeKubeServer().start()
     try:
         server.kube.add_node("from-kubeconfig")
-        cfg = tmp_path / "kubeconfig"
-        cfg.write_text(f"""apiVersion: v1
-kind: Config
-clusters: [{{name: fake, cluster: {{server: "{server.url}"}}}}]
-users: [{{name: u, user: {{token: t}}}}]
-contexts: [{{name: c, context: {{cluster: fake, user: u}}}}]
-current-context: c
-""")
-        core = load_core_api(str(cfg))
+        cfg = server.write_kubeconfig(tmp_path / "kubeconfig")
+        core = load_core_api(cfg)
         assert [n.metadata.name for n in core.list_node().items] == ["from-kubeconfig"]
     finally:
         server.stop()

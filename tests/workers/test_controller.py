@@ -25,14 +25,7 @@ async def test_controller_process_runs_an_episode(dev_env, uniq, tmp_path):
     node, tq = f"ctl-{uniq}", f"ctl-{uniq}"
     server.kube.add_node(node)
     server.kube.add_pod("job-0", node)
-    cfg = tmp_path / "kubeconfig"
-    cfg.write_text(f"""apiVersion: v1
-kind: Config
-clusters: [{{name: fake, cluster: {{server: "{server.url}"}}}}]
-users: [{{name: u, user: {{token: t}}}}]
-contexts: [{{name: c, context: {{cluster: fake, user: u}}}}]
-current-context: c
-""")
+    cfg = server.write_kubeconfig(tmp_path / "kubeconfig")
     address = dev_env.client.service_client.config.target_host
     proc = subprocess.Popen([sys.executable, "-m", "workers.cli", "controller", "--temporal", address, "--task-queue", tq,
                              "--kubeconfig", str(cfg), "--ledger", str(tmp_path / "ledger.db")],
