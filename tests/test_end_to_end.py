@@ -136,7 +136,7 @@ async def test_reboot_class_fault_end_to_end(dev_env, aws, tmp_path, uniq):
         report = await st.host.agent.step()
         assert [f.kind for f in report.findings] == ["gpu_lost"]
         handle = dev_env.client.get_workflow_handle(f"remediate/{st.node}", result_type=RemediationResult)
-        result = await asyncio.wait_for(handle.result(), 60)
+        result = await asyncio.wait_for(handle.result(), 120)
         events = [e async for e in handle.fetch_history_events()]
         status = await handle.query(NodeRemediation.status)
     node, kube = st.node, st.kube
@@ -167,7 +167,7 @@ async def test_dry_run_changes_nothing(dev_env, aws, tmp_path, uniq):
         st.nv.inject("gpu_lost", gpu=2)
         await st.host.agent.step()
         handle = dev_env.client.get_workflow_handle(f"remediate/{st.node}", result_type=RemediationResult)
-        result = await asyncio.wait_for(handle.result(), 60)
+        result = await asyncio.wait_for(handle.result(), 120)
         status = await handle.query(NodeRemediation.status)
     assert result.outcome == "dry_run" and "would reboot" in result.reason
     assert any(a.summary.startswith(f"cordon and taint {st.node}") for a in status.actions), "recorded what it would do"

@@ -115,7 +115,7 @@ async def test_first_report_of_a_new_node_starts_admission_once(ts_env, uniq, tm
         async with fleet.workers():
             assert await Agent(ts_env.client, config, nv, boot_id="boot-1").step() is None
             handle = ts_env.client.get_workflow_handle(f"admit/{node}", result_type=AdmissionResult)
-            result = await asyncio.wait_for(handle.result(), 30)
+            result = await asyncio.wait_for(handle.result(), 90)
             assert await Agent(ts_env.client, config, nv, boot_id="boot-2").step() is None  # agent restart
     assert (result.outcome, result.validations) == ("healthy", 2)
     assert fake.calls.count("kube.quarantine") == 1, "admitted once, not again on the agent's restart"

@@ -43,7 +43,7 @@ async def test_controller_process_runs_an_episode(dev_env, uniq, tmp_path):
             await send_report(dev_env.client, HealthReport(node=node, boot_id="b1", seq=1, findings=[
                 Finding(kind="xid", xid=13, gpu_index=1)]), node=node, policy=policy, task_queue=tq)
             handle = dev_env.client.get_workflow_handle(f"remediate/{node}", result_type=RemediationResult)
-            result = await asyncio.wait_for(handle.result(), 60)
+            result = await asyncio.wait_for(handle.result(), 120)
     finally:
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
