@@ -27,6 +27,10 @@ class NodeActivities:
         self.config, self.nv, self.proc = config, nv, proc
         self.nvidia_smi, self.dcgmi = nvidia_smi, dcgmi
 
+    def activities(self) -> list:
+        """What the node's worker registers on node/<name>."""
+        return [self.kill_gpu_processes, self.reset_gpu, self.validate, self.boot_id]
+
     # --- processes -----------------------------------------------------------------------------
     def gpu_processes(self, gpus: list[int]) -> list[c.GpuProcess]:
         nv = self.nv

@@ -36,9 +36,8 @@ from sim.nvml import SimulatedNvml
 from sim.scenario import Fault, Scenario
 from sim.sysfs import PORT_UP, write_ib_ports
 from workers.agent import Agent, AgentConfig
-from workflows.fleet_guard import FleetGuard
-from workflows.node_admission import NodeAdmission
-from workflows.node_remediation import NodeRemediation, remediation_workflow_id
+from workers.controller import CONTROLLER_WORKFLOWS, controller_activities
+from workflows.node_remediation import remediation_workflow_id
 
 CURE_ORDER = {"kill": 0, "reset": 1, "reboot": 2, "replace": 3, "none": 99}
 PORT_DOWN = ("1: DOWN", "2: Polling", "400 Gb/sec (4X NDR)")
@@ -177,18 +176,14 @@ class SimulatedFleet:
         self._build(core)
         kube_acts, cloud = KubeActivities(core), CloudActivities(self.ec2, autoscaling, ssm, core)
         ledger, guard = LedgerActivities(SqliteLedger(self.tmp / "ledger.db")), GuardActivities(self.temporal)
-        workers = [Worker(self.temporal, task_queue=self.task_queue,
-                          workflows=[NodeRemediation, FleetGuard, NodeAdmission],
-                          activities=[kube_acts.quarantine, kube_acts.return_to_service, kube_acts.attribute_pods,
-                                      kube_acts.drain, kube_acts.event, kube_acts.fleet_size, cloud.reboot,
-                                      cloud.replace, ledger.record, ledger.count_recent, ledger.denylist,
-                                      ledger.check_denied, guard.signal_guard, guard.live_holders],
+        workers = [Worker(self.temporal, task_queue=self.task_queue, workflows=CONTROLLER_WORKFLOWS,
+                          activities=controller_activities(kube_acts, cloud, ledger, guard),
                           max_concurrent_activities=200)]
         for host in self.hosts.values():
             acts = SimNodeActivities(host, self.agent_config(host).probe, host.nv, proc=host.proc, nvidia_smi=str(smi),
                                      dcgmi=str(self.tmp / "no-dcgmi"))
             workers.append(Worker(self.temporal, task_queue=node_task_queue(host.name),
-                                  activities=[acts.kill_gpu_processes, acts.reset_gpu, acts.validate, acts.boot_id]))
+                                  activities=acts.activities()))
         try:
             async with contextlib.AsyncExitStack() as stack:
                 for w in workers:

@@ -34,16 +34,11 @@ def moto_url():
     """moto's server mode on loopback; boto3 clients point at it with endpoint_url."""
     import os
 
-    from moto.server import ThreadedMotoServer
+    from workers.simulate import moto_server
 
-    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
-    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
     os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
+    with moto_server() as url:
+        yield url
 
 
 @pytest.fixture

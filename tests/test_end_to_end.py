@@ -27,7 +27,8 @@ from policies.loader import default_policy
 from sim.fake_kube import FakeKubeServer
 from sim.nvml import SimulatedNvml
 from workers.agent import Agent, AgentConfig
-from workflows.fleet_guard import FleetGuard, guard_workflow_id
+from workers.controller import CONTROLLER_WORKFLOWS, controller_activities
+from workflows.fleet_guard import guard_workflow_id
 from workflows.node_remediation import NodeRemediation, RemediationResult
 
 
@@ -102,12 +103,9 @@ async def gpu_cluster(dev_env, aws, tmp_path, uniq, policy):
     cloud_acts = CloudActivities(ec2, aws("autoscaling"), aws("ssm"), core)
     ledger = LedgerActivities(SqliteLedger(tmp_path / "ledger.db"))
     guard = GuardActivities(dev_env.client)
-    controller = Worker(dev_env.client, task_queue=tq, workflows=[NodeRemediation, FleetGuard], activities=[
-        kube_acts.quarantine, kube_acts.return_to_service, kube_acts.attribute_pods, kube_acts.drain, kube_acts.event,
-        kube_acts.fleet_size, cloud_acts.reboot, cloud_acts.replace, ledger.record, ledger.count_recent,
-        ledger.denylist, ledger.check_denied, guard.signal_guard, guard.live_holders])
-    agent_worker = Worker(dev_env.client, task_queue=node_task_queue(node), activities=[
-        node_acts.kill_gpu_processes, node_acts.reset_gpu, node_acts.validate, node_acts.boot_id])
+    controller = Worker(dev_env.client, task_queue=tq, workflows=CONTROLLER_WORKFLOWS,
+                        activities=controller_activities(kube_acts, cloud_acts, ledger, guard))
+    agent_worker = Worker(dev_env.client, task_queue=node_task_queue(node), activities=node_acts.activities())
     stop = asyncio.Event()
     try:
         async with controller, agent_worker:

@@ -144,7 +144,6 @@ async def run_agent(client: Client, config: AgentConfig, stop: asyncio.Event, nv
     """The probe loop and the node-local worker (task queue node/<name>) together."""
     activities = NodeActivities(config.probe, nv)
     worker = Worker(client, task_queue=c.node_task_queue(config.node),
-                    activities=[activities.kill_gpu_processes, activities.reset_gpu, activities.validate,
-                                activities.boot_id])
+                    activities=activities.activities())
     async with worker:
         await Agent(client, config, nv).run(stop)

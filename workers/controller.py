@@ -32,6 +32,17 @@ class ControllerConfig:
     max_concurrent_activities: int = 200
 
 
+CONTROLLER_WORKFLOWS = [NodeRemediation, FleetGuard, NodeAdmission]
+
+
+def controller_activities(kube: KubeActivities, cloud: CloudActivities, ledger: LedgerActivities,
+                          guard: GuardActivities) -> list:
+    """Every cluster-side activity, in one list: the controller, the simulator and the tests register it."""
+    return [kube.quarantine, kube.return_to_service, kube.attribute_pods, kube.drain, kube.event, kube.fleet_size,
+            cloud.reboot, cloud.replace, cloud.boot_id, ledger.record, ledger.count_recent, ledger.denylist,
+            ledger.check_denied, guard.signal_guard, guard.live_holders]
+
+
 def build_worker(client: Client, cfg: ControllerConfig) -> Worker:
     core = load_core_api(cfg.kubeconfig)
     kube = KubeActivities(core, cfg.events_namespace, cfg.gpu_node_selector)
@@ -43,14 +54,9 @@ def build_worker(client: Client, cfg: ControllerConfig) -> Worker:
     else:
         Path(cfg.ledger).parent.mkdir(parents=True, exist_ok=True)
         store = SqliteLedger(cfg.ledger)
-    ledger, guard = LedgerActivities(store), GuardActivities(client)
-    return Worker(
-        client, task_queue=cfg.task_queue, workflows=[NodeRemediation, FleetGuard, NodeAdmission],
-        activities=[kube.quarantine, kube.return_to_service, kube.attribute_pods, kube.drain, kube.event,
-                    kube.fleet_size, cloud.reboot, cloud.replace, cloud.boot_id, ledger.record, ledger.count_recent,
-                    ledger.denylist, ledger.check_denied, guard.signal_guard, guard.live_holders],
-        max_concurrent_activities=cfg.max_concurrent_activities,
-    )
+    return Worker(client, task_queue=cfg.task_queue, workflows=CONTROLLER_WORKFLOWS,
+                  activities=controller_activities(kube, cloud, LedgerActivities(store), GuardActivities(client)),
+                  max_concurrent_activities=cfg.max_concurrent_activities)
 
 
 async def run_controller(client: Client, cfg: ControllerConfig, stop: asyncio.Event) -> None:

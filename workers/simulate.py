@@ -52,14 +52,19 @@ async def temporal(address: str | None, db_file: str | None = None, ui_port: int
         await env.shutdown()
 
 
+def healthy_row(node: str, workflow_id: str | None = None) -> dict:
+    """A node's row before any episode counts: what every never-faulty node reports."""
+    return {"node": node, "outcome": "healthy", "fault_class": None, "attribution": None, "rungs": [],
+            "validations": 0, "workflow_id": workflow_id, "run_ids": [], "history_events": 0,
+            "detect_to_cordon_ms": None, "duration_s": 0.0}
+
+
 async def node_outcome(client: Client, node: str, since: datetime) -> dict:
     """Every episode of a node in this run, newest last, folded into the outcome document's row."""
     runs = [w async for w in client.list_workflows(f'WorkflowId = "{remediation_workflow_id(node)}"')
             if w.start_time >= since]  # a persistent server keeps earlier demos' episodes too
     runs.sort(key=lambda w: w.start_time)
-    row = {"node": node, "outcome": "healthy", "fault_class": None, "attribution": None, "rungs": [],
-           "validations": 0, "workflow_id": remediation_workflow_id(node), "run_ids": [], "history_events": 0,
-           "detect_to_cordon_ms": None, "duration_s": 0.0}
+    row = healthy_row(node, remediation_workflow_id(node))
     for w in runs:
         row["run_ids"].append(w.run_id)
         row["history_events"] += w.history_length or 0
@@ -101,10 +106,7 @@ async def run_scenario(scenario: Scenario, policy: Policy, temporal_address: str
                 await fleet.play(on_tick=on_tick)
                 faulty = sorted({f.node for f in scenario.faults})
                 await wait_visible(client, faulty)
-                rows = [await node_outcome(client, n, since) if n in faulty else
-                        {"node": n, "outcome": "healthy", "fault_class": None, "attribution": None, "rungs": [],
-                         "validations": 0, "workflow_id": None, "run_ids": [], "history_events": 0,
-                         "detect_to_cordon_ms": None, "duration_s": 0.0}
+                rows = [await node_outcome(client, n, since) if n in faulty else healthy_row(n)
                         for n in scenario.fleet.names()]
                 guard = client.get_workflow_handle(guard_workflow_id(fleet.cluster))
                 try:

@@ -39,7 +39,7 @@ async def test_controller_process_runs_an_episode(dev_env, uniq, tmp_path):
     policy = default_policy().scaled(0.001)
     try:
         async with Worker(dev_env.client, task_queue=node_task_queue(node),
-                          activities=[acts.kill_gpu_processes, acts.reset_gpu, acts.validate, acts.boot_id]):
+                          activities=acts.activities()):
             await send_report(dev_env.client, HealthReport(node=node, boot_id="b1", seq=1, findings=[
                 Finding(kind="xid", xid=13, gpu_index=1)]), node=node, policy=policy, task_queue=tq)
             handle = dev_env.client.get_workflow_handle(f"remediate/{node}", result_type=RemediationResult)
