@@ -284,13 +284,9 @@ def cmd_demo(args) -> int:
     return 0
 
 
-def _exit_now(reason: str) -> int:
-    """Print the one-line reason and leave at once: letting the interpreter finalize right after a
-    failed Temporal call can abort in the SDK's native threads (seen as exit -6)."""
+def _fail(reason: str) -> int:
     print(reason, file=sys.stderr)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(1)
+    return 1
 
 
 def _operator(args, work) -> int:
@@ -308,9 +304,9 @@ def _operator(args, work) -> int:
     try:
         doc = asyncio.run(go())
     except OperatorError as err:
-        return _exit_now(f"gpuheal {args.command}: {err}")
+        return _fail(f"gpuheal {args.command}: {err}")
     except Exception as err:  # noqa: BLE001 - rejected updates and the like
-        return _exit_now(f"gpuheal {args.command}: {getattr(err, 'cause', None) or err}")
+        return _fail(f"gpuheal {args.command}: {getattr(err, 'cause', None) or err}")
     doc = doc.model_dump(mode="json") if hasattr(doc, "model_dump") else doc
     if args.json:
         _print_json(doc)
@@ -454,5 +450,17 @@ def main(argv: list[str] | None = None) -> int:
     return args.func(args)
 
 
+def entry() -> None:
+    """The console script: run a command, then leave without interpreter finalization once the
+    Temporal SDK is loaded, since its native threads can abort a finalizing interpreter (exit -6)
+    even after a command that succeeded."""
+    code = main()
+    if "temporalio.bridge.temporal_sdk_bridge" not in sys.modules:
+        sys.exit(code)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code or 0)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()
