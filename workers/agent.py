@@ -22,6 +22,7 @@ from health.runner import ProbeConfig, kmsg_findings, run_cycle
 from policies.classify import judge
 from policies.findings import Finding, HealthReport
 from policies.model import Generation, Policy
+from workers import telemetry
 from workers.reporting import send_report, start_admission
 from workflows.node_remediation import remediation_workflow_id
 
@@ -88,6 +89,7 @@ class Agent:
                 self.add_events(kmsg_findings(self.kmsg.poll(), snap.gpus))
             except OSError as err:
                 snap.findings.append(Finding(kind="probe_broken", message=f"kernel log {self.kmsg.path}: {err.strerror}"))
+        telemetry.count_probe_failures(self.client.service_client.config.runtime, self.config.node, snap.findings)
         if self.announce and self.config.admit_on_start:
             ids = sorted({g.uuid for g in snap.gpus} | {g.serial for g in snap.gpus if g.serial})
             await start_admission(self.client, node=self.config.node, policy=self.config.policy, hardware_ids=ids,

@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
 import os
 import sys
 from pathlib import Path
 
 from policies.loader import PolicyError, load_policy
+from workers.telemetry import METRICS_HELP, TRACING_HELP, TelemetryError, configure_logging
 
 
 def _print_json(doc) -> None:
@@ -120,9 +120,11 @@ def _serve(args, body) -> int:
 
     async def run() -> int:
         try:
-            client = await connect(args.temporal, args.namespace)
+            client = await connect(opts=_temporal_options(args, f"gpuheal-{args.command}"))
+        except (TelemetryError, ValueError):
+            raise
         except Exception as err:  # noqa: BLE001 - one line, not a stack trace
-            print(f"gpuheal {args.command}: cannot reach Temporal at {args.temporal}: {err}", file=sys.stderr)
+            print(f"gpuheal {args.command}: cannot reach Temporal at {_address(args)}: {err}", file=sys.stderr)
             return 2
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -142,7 +144,7 @@ def cmd_controller(args) -> int:
                            gpu_node_selector=args.gpu_node_selector or None)
 
     async def body(client, stop) -> None:
-        print(f"gpuheal controller: serving {args.task_queue} on {args.temporal}", file=sys.stderr, flush=True)
+        print(f"gpuheal controller: serving {args.task_queue} on {_address(args)}", file=sys.stderr, flush=True)
         await run_controller(client, cfg, stop)
 
     return _serve(args, body)
@@ -182,7 +184,7 @@ def cmd_simulate(args) -> int:
     saved = os.dup(1)
     os.dup2(2, 1)
     try:
-        doc = asyncio.run(run_scenario(scenario, policy, args.temporal))
+        doc = asyncio.run(run_scenario(scenario, policy, _temporal_options(args, "gpuheal-simulate")))
     finally:
         sys.stdout.flush()
         os.dup2(saved, 1)
@@ -257,11 +259,11 @@ def cmd_demo(args) -> int:
     async def run() -> dict:
         from workers import simulate
 
+        opts = _temporal_options(args, "gpuheal-demo")
         if args.temporal:
-            return await run_scenario(scenario, policy, args.temporal, on_tick=progress)
-        async with simulate.temporal(None, db_file=".gpuheal/temporal.db", ui_port=8233) as client:
-            address = client.service_client.config.target_host
-            doc = await run_scenario(scenario, policy, address, on_tick=progress)
+            return await run_scenario(scenario, policy, opts, on_tick=progress)
+        async with simulate.temporal(opts, db_file=".gpuheal/temporal.db", ui_port=8233) as client:
+            doc = await run_scenario(scenario, policy, opts, on_tick=progress, client=client)
             print(outcome_table(doc))
             print("\nTemporal UI, each node's remediation history:")
             for r in doc["nodes"]:
@@ -296,9 +298,11 @@ def _operator(args, work) -> int:
 
     async def go():
         try:
-            client = await connect(args.temporal, args.namespace)
+            client = await connect(opts=_temporal_options(args, "gpuheal-cli"))
+        except (TelemetryError, ValueError):
+            raise
         except Exception as err:  # noqa: BLE001 - one line, not a stack trace
-            raise OperatorError(f"cannot reach Temporal at {args.temporal}: {err}") from None
+            raise OperatorError(f"cannot reach Temporal at {_address(args)}: {err}") from None
         return await work(client)
 
     try:
@@ -354,9 +358,39 @@ def cmd_report(args) -> int:
     return _operator(args, work)
 
 
+def add_temporal_args(p: argparse.ArgumentParser, embedded: bool = False) -> None:
+    """The flags every command that talks to Temporal takes."""
+    g = p.add_argument_group("Temporal (flags override TEMPORAL_* env and the Temporal config file)")
+    g.add_argument("--temporal", default=None, metavar="HOST:PORT",
+                   help="an existing Temporal server (default: an embedded dev server)" if embedded
+                   else "the Temporal frontend (default: TEMPORAL_ADDRESS, else 127.0.0.1:7233)")
+    g.add_argument("--namespace", default=None, help="default: TEMPORAL_NAMESPACE, else default")
+    g.add_argument("--tls-ca", default=None, metavar="PEM", help="CA of the server's certificate; turns TLS on")
+    g.add_argument("--tls-cert", default=None, metavar="PEM", help="client certificate for mutual TLS")
+    g.add_argument("--tls-key", default=None, metavar="PEM", help="client key for mutual TLS")
+    g.add_argument("--tls-server-name", default=None, help="server name to verify, if not the address's host")
+    g.add_argument("--api-key", default=None, help="an API key (Temporal Cloud); default TEMPORAL_API_KEY")
+    g.add_argument("--metrics", default=None, help=METRICS_HELP)
+    g.add_argument("--tracing", default=None, help=TRACING_HELP)
+
+
+def _address(args) -> str:
+    return args.temporal or os.environ.get("TEMPORAL_ADDRESS") or "127.0.0.1:7233"
+
+
+def _temporal_options(args: argparse.Namespace, service: str):
+    from workers.temporal_client import TemporalOptions
+
+    return TemporalOptions(address=args.temporal, namespace=args.namespace, tls_ca=args.tls_ca,
+                           tls_cert=args.tls_cert, tls_key=args.tls_key, tls_server_name=args.tls_server_name,
+                           api_key=args.api_key, metrics=args.metrics, tracing=args.tracing, service=service)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpuheal", description="GPU-fleet remediation on Temporal.")
     p.add_argument("--log-level", default="WARNING")
+    p.add_argument("--log-format", default="text", choices=["text", "json"],
+                   help="json: one object a line with node and workflow id")
     sub = p.add_subparsers(dest="command", required=True)
 
     policy = sub.add_parser("policy", help="policy files").add_subparsers(dest="policy_command", required=True)
@@ -386,8 +420,7 @@ def build_parser() -> argparse.ArgumentParser:
     nvml.set_defaults(func=cmd_probe_nvml)
 
     ctl = sub.add_parser("controller", help="run the controller (workflows and cluster-side activities)")
-    ctl.add_argument("--temporal", default="127.0.0.1:7233", help="HOST:PORT of the Temporal frontend")
-    ctl.add_argument("--namespace", default="default")
+    add_temporal_args(ctl)
     ctl.add_argument("--task-queue", default="gpuheal")
     ctl.add_argument("--kubeconfig", default=None, help="default: in-cluster config, else ~/.kube/config")
     ctl.add_argument("--ledger", default=".gpuheal/ledger.db", help="SQLite path or dynamodb://TABLE")
@@ -396,8 +429,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     agent = sub.add_parser("agent", help="run the node agent on this GPU node")
     agent.add_argument("--node", required=True)
-    agent.add_argument("--temporal", default="127.0.0.1:7233", help="HOST:PORT of the Temporal frontend")
-    agent.add_argument("--namespace", default="default")
+    add_temporal_args(agent)
     agent.add_argument("--task-queue", default="gpuheal")
     agent.add_argument("--cluster", default="default")
     agent.add_argument("--policy", default="default")
@@ -409,12 +441,12 @@ def build_parser() -> argparse.ArgumentParser:
     sim = sub.add_parser("simulate", help="run a scenario on a simulated fleet, print each node's outcome")
     sim.add_argument("scenario")
     sim.add_argument("--json", action="store_true")
-    sim.add_argument("--temporal", default=None, help="HOST:PORT of an existing Temporal server (default: embedded)")
+    add_temporal_args(sim, embedded=True)
     sim.set_defaults(func=cmd_simulate)
 
     demo = sub.add_parser("demo", help="the whole system on this machine with the built-in scenario")
     demo.add_argument("--keep", action="store_true", help="leave everything running until Ctrl-C")
-    demo.add_argument("--temporal", default=None, help="HOST:PORT of an existing Temporal server (default: embedded)")
+    add_temporal_args(demo, embedded=True)
     demo.set_defaults(func=cmd_demo)
 
     def operator_cmd(name: str, help_: str, func, node: str | None = None):
@@ -423,8 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
             sp.add_argument("node")
         elif node == "optional":
             sp.add_argument("node", nargs="?")
-        sp.add_argument("--temporal", default="127.0.0.1:7233", help="HOST:PORT of the Temporal frontend")
-        sp.add_argument("--namespace", default="default")
+        add_temporal_args(sp)
         sp.add_argument("--cluster", default="default")
         sp.add_argument("--json", action="store_true")
         sp.set_defaults(func=func)
@@ -446,8 +477,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr)
-    return args.func(args)
+    configure_logging(args.log_level, args.log_format)
+    try:
+        return args.func(args)
+    except (TelemetryError, ValueError) as err:  # a bad --metrics/--tracing/TLS flag: one line
+        if not isinstance(err, TelemetryError) and "--tls" not in str(err):
+            raise
+        print(f"gpuheal {args.command}: {err}", file=sys.stderr)
+        return 2
 
 
 def entry() -> None:

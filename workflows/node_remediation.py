@@ -11,6 +11,8 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey
 from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 
+from workflows import metrics
+
 with workflow.unsafe.imports_passed_through():
     from activities import contracts as c
     from activities.errors import NON_RETRYABLE
@@ -386,6 +388,7 @@ class NodeRemediation:
         detected = self.s.first_report.detected_at if self.s.first_report else None
         if result is not None and detected is not None and self.s.detect_to_cordon_ms is None:
             self.s.detect_to_cordon_ms = max(0, int((result.cordoned_at - detected).total_seconds() * 1000))
+            metrics.node_cordoned(self.inp.cluster, t.fault_class or "unknown", self.s.detect_to_cordon_ms)
         await self._tell_guard(healthy=False)
 
     async def _approved(self, rung: Rung) -> bool:
@@ -643,6 +646,9 @@ class NodeRemediation:
 
     def _finish(self, outcome: Outcome, reason: str, *also) -> None:
         self.s.outcome, self.s.outcome_reason = outcome, reason
+        last = self.s.rungs_tried[-1].value if self.s.rungs_tried else "none"
+        metrics.remediation_finished(self.inp.cluster, outcome.value, last,
+                                     (self.s.triage.fault_class if self.s.triage else None) or "none")
         self._set_stage(Stage.DONE, SA_OUTCOME.value_set(outcome.value), *also)
 
     def _upsert(self, *updates) -> None:
