@@ -261,7 +261,7 @@ class FakeKube:
         self.log: list[tuple[int, str, str, dict]] = []  # (rv, type, kind, object)
         self.faults: list[InjectedFault] = []
         self.evictions: list[EvictionRecord] = []
-        self.requests: list[tuple[str, str]] = []
+        self.requests: list[tuple[str, str, str]] = []  # (verb, path, query) of every request served
         self.random = random.Random(seed)
         self._timers: list[threading.Timer] = []
         self.put(kind="Namespace", obj={"metadata": {"name": "default"}})
@@ -447,13 +447,18 @@ class FakeKube:
                                  "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
 
     def add_pod(self, name: str, node: str, labels: dict | None = None, namespace: str = "default",
-                owner_kind: str | None = None, annotations: dict | None = None) -> dict:
+                owner_kind: str | None = None, annotations: dict | None = None, ready: bool = True) -> dict:
         meta = {"name": name, "namespace": namespace, "labels": labels or {}, "annotations": annotations or {}}
         if owner_kind:
             meta["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": owner_kind, "name": f"{name}-owner",
                                         "uid": str(uuid.uuid4()), "controller": True}]
         return self.put("Pod", {"metadata": meta, "spec": {"nodeName": node, "containers": [{"name": "main", "image": "x"}]},
-                                "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}})
+                                "status": POD_READY if ready else {"phase": "Pending"}})
+
+    def set_pod_ready(self, name: str, namespace: str = "default") -> dict:
+        """A started pod's kubelet reporting it Running and Ready."""
+        pod = self.get("Pod", namespace, name)
+        return self.replace("Pod", namespace, name, {**pod, "status": POD_READY}, subresource="status")
 
     def add_pdb(self, name: str, match_labels: dict, min_available=None, max_unavailable=None,
                 namespace: str = "default") -> dict:
@@ -467,6 +472,9 @@ class FakeKube:
     def close(self) -> None:
         for t in self._timers:
             t.cancel()
+
+
+POD_READY = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
 
 
 def _pod_healthy(pod: dict) -> bool:
@@ -526,7 +534,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(400, ApiError(400, "BadRequest", "request body is not JSON").status())
         url = urlparse(self.path)
         q = {k: v[0] for k, v in parse_qs(url.query).items()}
-        self.kube.requests.append((verb, url.path))
+        self.kube.requests.append((verb, url.path, url.query))
         fault = self.kube.fault_for(verb, url.path)
         if fault is not None:
             if fault.latency_s:

@@ -152,6 +152,8 @@ class SimulatedFleet:
     cluster: str = "sim"
     poll_s: float = 0.2
     hosts: dict[str, SimHost] = field(default_factory=dict)
+    _starting: dict[str, float] = field(default_factory=dict)  # job pod -> when it turns Ready
+    _pods_made: int = 0
 
     def agent_config(self, host: SimHost) -> AgentConfig:
         probe = ProbeConfig(expected_gpus=self.scenario.fleet.gpus_per_node, generation=self.scenario.fleet.generation,
@@ -228,12 +230,38 @@ class SimulatedFleet:
                 host.fault, host.recurs_left = f, f.recurs
                 host.inject()
             await asyncio.gather(*(h.tick() for h in self.hosts.values()))
+            self._run_jobs(loop.time())
             if on_tick is not None:
                 await on_tick(self)
             if not pending and await self._all_settled():
                 return
             await asyncio.sleep(self.poll_s)
         raise TimeoutError(f"scenario {self.scenario.name} did not settle within {deadline_s:.0f}s")
+
+    def _run_jobs(self, now: float) -> None:
+        """The jobs' controller: an evicted pod comes back on another schedulable node and turns
+        Ready after the job's reschedule time, which is what lets a PDB-blocked drain go on."""
+        for job in self.scenario.fleet.jobs:
+            pods = self.kube.list("Pod", "default", labels=f"job={job.name}")
+            live = [p for p in pods if "deletionTimestamp" not in p["metadata"]]
+            for p in live:
+                ready_at = self._starting.get(p["metadata"]["name"])
+                if ready_at is not None and now >= ready_at:
+                    del self._starting[p["metadata"]["name"]]
+                    self.kube.set_pod_ready(p["metadata"]["name"])
+            busy = {p["spec"]["nodeName"] for p in live}
+            free = [n for n in self.scenario.fleet.names() if n not in busy and self._schedulable(n)]
+            for _ in range(len(job.nodes) - len(live)):
+                if not free:
+                    break
+                self._pods_made += 1
+                name = f"{job.name}-r{self._pods_made}"
+                self.kube.add_pod(name, free.pop(0), labels={"job": job.name}, ready=False)
+                self._starting[name] = now + job.reschedule.total_seconds() * self.scenario.time_scale
+
+    def _schedulable(self, node: str) -> bool:
+        obj = self.kube.get("Node", "", node)
+        return not obj["spec"].get("unschedulable") and not obj["spec"].get("taints")
 
     async def _all_settled(self) -> bool:
         for host in self.hosts.values():

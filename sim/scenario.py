@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 from typing import Literal
 
@@ -25,6 +26,8 @@ class Job(_Strict):
     name: str
     nodes: list[str] = Field(min_length=1)
     min_available: int | str = 1
+    reschedule: Duration = Field(default=timedelta(minutes=5),
+                                 description="How long an evicted pod's replacement takes to be Ready on another node.")
 
 
 class Fleet(_Strict):

@@ -138,10 +138,17 @@ def _serve(args, body) -> int:
 
 def cmd_controller(args) -> int:
     """Workflows and cluster-side activities; run as many replicas as the load needs."""
+    from workers.condition_watcher import ConditionRule
     from workers.controller import ControllerConfig, run_controller
 
+    rules = []
+    for spec in args.watch_condition:  # TYPE[=STATUS][:SECONDS]
+        head, _, hold = spec.partition(":")
+        ctype, _, status = head.partition("=")
+        rules.append(ConditionRule(type=ctype, status=status or "True", for_s=float(hold or 0)))
     cfg = ControllerConfig(task_queue=args.task_queue, kubeconfig=args.kubeconfig, ledger=args.ledger,
-                           gpu_node_selector=args.gpu_node_selector or None)
+                           gpu_node_selector=args.gpu_node_selector or None, watch_conditions=rules,
+                           policy=load_policy(args.policy), cluster=args.cluster)
 
     async def body(client, stop) -> None:
         print(f"gpuheal controller: serving {args.task_queue} on {_address(args)}", file=sys.stderr, flush=True)
@@ -207,6 +214,8 @@ def outcome_table(doc: dict) -> str:
     lines.append(f"fleet: at most {f['max_disruptive_at_once']} nodes in disruptive remediation at once; storm "
                  f"breaker {'tripped' if f['storm_paused'] else 'never tripped'}; {f['evictions']} evictions, "
                  f"{f['evictions_breaking_budget']} breaking a budget")
+    for node, n in sorted((f.get("evictions_refused_by_pdb") or {}).items()):
+        lines.append(f"       {node}'s drain was slowed by a PodDisruptionBudget: {n} evictions refused (429), retried")
     return "\n".join(lines)
 
 
@@ -260,15 +269,14 @@ def cmd_demo(args) -> int:
         from workers import simulate
 
         opts = _temporal_options(args, "gpuheal-demo")
-        if args.temporal:
-            return await run_scenario(scenario, policy, opts, on_tick=progress)
         async with simulate.temporal(opts, db_file=".gpuheal/temporal.db", ui_port=8233) as client:
             doc = await run_scenario(scenario, policy, opts, on_tick=progress, client=client)
             print(outcome_table(doc))
             print("\nTemporal UI, each node's remediation history:")
+            ns = client.namespace
             for r in doc["nodes"]:
                 if r["workflow_id"]:
-                    print(f"  {r['node']:<12} http://localhost:8233/namespaces/default/workflows?query=GpuNode%3D%22{r['node']}%22")
+                    print(f"  {r['node']:<12} {args.ui}/namespaces/{ns}/workflows?query=GpuNode%3D%22{r['node']}%22")
             if args.keep:
                 print("\n--keep: everything stays up; Ctrl-C to stop", flush=True)
                 with contextlib.suppress(asyncio.CancelledError):
@@ -278,11 +286,9 @@ def cmd_demo(args) -> int:
     import contextlib
 
     try:
-        doc = asyncio.run(run())
+        asyncio.run(run())
     except KeyboardInterrupt:
         return 0
-    if args.temporal:
-        print(outcome_table(doc))
     return 0
 
 
@@ -425,6 +431,10 @@ def build_parser() -> argparse.ArgumentParser:
     ctl.add_argument("--kubeconfig", default=None, help="default: in-cluster config, else ~/.kube/config")
     ctl.add_argument("--ledger", default=".gpuheal/ledger.db", help="SQLite path or dynamodb://TABLE")
     ctl.add_argument("--gpu-node-selector", default="nvidia.com/gpu.present=true")
+    ctl.add_argument("--watch-condition", action="append", default=[], metavar="TYPE[=STATUS][:SECONDS]",
+                     help="a node condition (NPD, DCGM exporter) that means a GPU fault once held SECONDS; repeatable")
+    ctl.add_argument("--policy", default="default", help="policy file for episodes the condition watcher starts")
+    ctl.add_argument("--cluster", default="default")
     ctl.set_defaults(func=cmd_controller)
 
     agent = sub.add_parser("agent", help="run the node agent on this GPU node")
@@ -447,6 +457,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="the whole system on this machine with the built-in scenario")
     demo.add_argument("--keep", action="store_true", help="leave everything running until Ctrl-C")
     add_temporal_args(demo, embedded=True)
+    demo.add_argument("--ui", default="http://localhost:8233", help="the Temporal UI of --temporal's server, for links")
     demo.set_defaults(func=cmd_demo)
 
     def operator_cmd(name: str, help_: str, func, node: str | None = None):
@@ -472,7 +483,19 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--gpu", type=int, required=True)
     rep.add_argument("--policy", default="default")
     rep.add_argument("--task-queue", default="gpuheal")
+    _logging_flags_everywhere(sub)
     return p
+
+
+def _logging_flags_everywhere(sub) -> None:
+    """--log-level and --log-format also after the command (`gpuheal controller --log-format json`)."""
+    for sp in sub.choices.values():
+        nested = [a for a in sp._actions if isinstance(a, argparse._SubParsersAction)]
+        if nested:
+            _logging_flags_everywhere(nested[0])
+            continue
+        sp.add_argument("--log-level", default=argparse.SUPPRESS, help="DEBUG, INFO, WARNING (default), ERROR")
+        sp.add_argument("--log-format", default=argparse.SUPPRESS, choices=["text", "json"])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import boto3
@@ -15,6 +15,9 @@ from activities.cloud import CloudActivities
 from activities.guard import GuardActivities
 from activities.kube import KubeActivities, load_core_api
 from activities.ledger import DynamoLedger, LedgerActivities, SqliteLedger
+from policies.loader import default_policy
+from policies.model import Policy
+from workers.condition_watcher import ConditionRule, ConditionWatcher, WatcherConfig
 from workflows.fleet_guard import FleetGuard
 from workflows.node_admission import NodeAdmission
 from workflows.node_remediation import NodeRemediation
@@ -30,6 +33,10 @@ class ControllerConfig:
     ledger: str = ".gpuheal/ledger.db"  # a SQLite path, or dynamodb://<table>
     events_namespace: str = "default"
     max_concurrent_activities: int = 200
+    # Node conditions other detectors set (NPD, DCGM exporter) that count as GPU faults; empty: no watcher.
+    watch_conditions: list[ConditionRule] = field(default_factory=list)
+    policy: Policy | None = None  # what the watcher's reports start episodes with (None: the defaults)
+    cluster: str = "default"
 
 
 CONTROLLER_WORKFLOWS = [NodeRemediation, FleetGuard, NodeAdmission]
@@ -63,4 +70,10 @@ async def run_controller(client: Client, cfg: ControllerConfig, stop: asyncio.Ev
     worker = build_worker(client, cfg)
     async with worker:
         log.info("controller serving task queue %s", cfg.task_queue)
-        await stop.wait()
+        if not cfg.watch_conditions:
+            await stop.wait()
+            return
+        watcher = ConditionWatcher(client, load_core_api(cfg.kubeconfig), WatcherConfig(
+            rules=cfg.watch_conditions, policy=cfg.policy or default_policy(), cluster=cfg.cluster,
+            task_queue=cfg.task_queue, label_selector=cfg.gpu_node_selector))
+        await watcher.run(stop)

@@ -129,4 +129,9 @@ async def _play(scenario: Scenario, policy: Policy, client: Client, on_tick) -> 
                 fleet_doc = {"max_disruptive_at_once": 0, "storm_paused": False}
             fleet_doc["evictions"] = len(fleet.kube.evictions)
             fleet_doc["evictions_breaking_budget"] = sum(not e.respected_budget for e in fleet.kube.evictions)
+            refused: dict[str, int] = {}
+            for e in fleet.kube.evictions:
+                if not e.allowed:
+                    refused[e.node] = refused.get(e.node, 0) + 1
+            fleet_doc["evictions_refused_by_pdb"] = refused  # node -> 429s its drain waited through
     return {"scenario": scenario.name, "nodes": rows, "fleet": fleet_doc}

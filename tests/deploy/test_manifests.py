@@ -1,0 +1,189 @@
+"""deploy/ and docker/: every manifest loads into the kubernetes client's models with no unknown key,
+the container commands parse with gpuheal's own CLI, the policy ConfigMap is a valid policy, and
+the controller's RBAC grants exactly the API calls the code makes (read from the code, and seen on
+the wire when the activities run against the fake API server)."""
+
+import ast
+import asyncio
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client
+from temporalio.testing import ActivityEnvironment
+
+from activities import contracts as c
+from activities.kube import KubeActivities
+from policies.loader import policy_from_mapping
+from sim.fake_kube import FakeKubeServer
+from workers.cli import build_parser
+from workers.condition_watcher import ConditionRule, ConditionWatcher, WatcherConfig
+from workflows.node_remediation import SEARCH_ATTRIBUTES
+
+ROOT = Path(__file__).resolve().parents[2]
+MODELS = {"Namespace": "V1Namespace", "ServiceAccount": "V1ServiceAccount", "ClusterRole": "V1ClusterRole",
+          "ClusterRoleBinding": "V1ClusterRoleBinding", "ConfigMap": "V1ConfigMap", "Deployment": "V1Deployment",
+          "DaemonSet": "V1DaemonSet"}
+
+
+def manifests() -> list[dict]:
+    docs = []
+    for f in sorted((ROOT / "deploy").glob("*.yaml")):
+        docs += [d for d in yaml.safe_load_all(f.read_text()) if d]
+    return docs
+
+
+def _prune(x):
+    if isinstance(x, dict):
+        return {k: _prune(v) for k, v in x.items() if v not in (None, {}, [])}
+    if isinstance(x, list):
+        return [_prune(v) for v in x]
+    return x
+
+
+@pytest.mark.parametrize("doc", manifests(), ids=lambda d: f"{d['kind']}/{d['metadata']['name']}")
+def test_manifest_is_a_valid_object_with_no_unknown_key(doc):
+    api = client.ApiClient()
+    model = api._ApiClient__deserialize(doc, MODELS[doc["kind"]])  # the client's own model classes
+    # A misspelt key is dropped by the model: what comes back out must be what went in.
+    assert _prune(api.sanitize_for_serialization(model)) == _prune(json.loads(json.dumps(doc)))
+
+
+def test_containers_run_commands_gpuheal_accepts():
+    pods = [d["spec"]["template"]["spec"] for d in manifests() if d["kind"] in ("Deployment", "DaemonSet")]
+    assert len(pods) == 2
+    for spec in pods:
+        for ctr in spec["containers"]:
+            args = [a.replace("$(NODE_NAME)", "gpu-node-0") for a in ctr["args"]]
+            build_parser().parse_args(args)  # exits (SystemExit) on a flag gpuheal does not have
+
+
+def test_policy_configmap_is_a_valid_policy():
+    cm = next(d for d in manifests() if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "gpuheal-policy")
+    policy = policy_from_mapping(yaml.safe_load(cm["data"]["policy.yaml"]))
+    assert policy.ladder.replace.requires_approval
+
+
+def test_agent_tolerates_quarantine_and_has_no_api_token():
+    ds = next(d for d in manifests() if d["kind"] == "DaemonSet")["spec"]["template"]["spec"]
+    assert {"operator": "Exists"} in ds["tolerations"], "the agent must stay on the nodes gpuheal quarantines"
+    assert ds["automountServiceAccountToken"] is False and ds["hostPID"] is True
+
+
+# --- RBAC -----------------------------------------------------------------------------------------
+METHOD = re.compile(r"^(list|read|create|patch|delete|replace)_(namespaced_)?([a-z_]+?)(_for_all_namespaces)?$")
+PLURAL = {"node": "nodes", "pod": "pods", "event": "events"}
+
+
+def _rule_for(method: str) -> tuple[str, str]:
+    """kubernetes client method -> (resource[/subresource], RBAC verb), by the client's naming."""
+    verb, _, kind, _ = METHOD.match(method).groups()
+    sub = None
+    for suffix in ("_status", "_eviction"):
+        if kind.endswith(suffix):
+            kind, sub = kind.removesuffix(suffix), suffix[1:]
+    resource = PLURAL[kind] + (f"/{sub}" if sub else "")
+    return resource, {"read": "get", "replace": "update"}.get(verb, verb)
+
+
+def calls_in_code() -> set[tuple[str, str]]:
+    """Every `self.core.<method>` the controller's code touches; a watch stream adds `watch`."""
+    out = set()
+    files = [*(ROOT / "activities").glob("*.py"), *(ROOT / "workers").glob("*.py")]
+    for f in files:
+        tree = ast.parse(f.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) and node.value.attr == "core":
+                out.add(_rule_for(node.attr))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "stream":
+                for arg in node.args[:1]:
+                    if isinstance(arg, ast.Attribute):
+                        out.add((_rule_for(arg.attr)[0], "watch"))
+    return out
+
+
+def granted() -> set[tuple[str, str]]:
+    role = next(d for d in manifests() if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "gpuheal-controller")
+    out = set()
+    for rule in role["rules"]:
+        assert rule["apiGroups"] == [""], "gpuheal only uses the core API group"
+        out |= {(r, v) for r in rule["resources"] for v in rule["verbs"]}
+    return out
+
+
+def test_rbac_is_exactly_what_the_code_calls():
+    code = calls_in_code()
+    assert ("pods/eviction", "create") in code and ("nodes", "watch") in code  # the scan sees what it must
+    assert granted() == code, f"missing: {sorted(code - granted())}, unused: {sorted(granted() - code)}"
+
+
+def _wire_rule(verb: str, path: str, query: str) -> tuple[str, str]:
+    parts = path.removeprefix("/api/v1/").split("/")
+    if parts[0] == "namespaces" and len(parts) > 2:
+        parts = parts[2:]
+    resource = parts[0] + (f"/{parts[2]}" if len(parts) > 2 else "")
+    named = len(parts) > 1
+    k8s = {"POST": "create", "PATCH": "patch", "DELETE": "delete", "PUT": "update"}.get(verb)
+    if verb == "GET":
+        k8s = "get" if named else ("watch" if "watch=" in query.lower() else "list")
+    return resource, k8s
+
+
+async def test_rbac_covers_every_request_the_activities_send():
+    server = FakeKubeServer().start()
+    api = client.ApiClient(server.configuration())
+    core = client.CoreV1Api(api)
+    k = server.kube
+    try:
+        k.add_node("n1", labels={"nvidia.com/gpu.present": "true"})
+        k.add_node("n2", labels={"nvidia.com/gpu.present": "true"})
+        k.add_pod("w0", "n1", labels={"job": "train"})
+        k.add_pod("w1", "n2", labels={"job": "train"})
+        k.add_pod("solo", "n1")
+        k.add_pdb("train", {"job": "train"}, min_available=2)
+        acts, env = KubeActivities(core), ActivityEnvironment()
+        await env.run(acts.quarantine, c.QuarantineRequest(node="n1", fault_class="memory", reason="Xid 48"))
+        await env.run(acts.attribute_pods, c.AttributePodsRequest(node="n1", attribution="platform", fault="Xid 48",
+                                                                  episode="e"))
+        await env.run(acts.drain, c.DrainRequest(node="n1", episode="e", checkpoint_grace_s=0, deadline_s=0.5,
+                                                 timeout_action="force", allow_force=True, pod_grace_seconds=0))
+        await env.run(acts.event, c.EventRequest(node="n1", reason="GpuRemediation", message="reset"))
+        await env.run(acts.return_to_service, c.ReturnToServiceRequest(node="n1", reason="validated twice"))
+        await env.run(acts.fleet_size)
+        watcher = ConditionWatcher(None, core, WatcherConfig(rules=[ConditionRule(type="XidCriticalError")],
+                                                             policy=policy_from_mapping({})))
+        stop = asyncio.Event()
+        task = asyncio.create_task(watcher.run(stop, timeout_s=1))
+        await asyncio.sleep(0.5)
+        stop.set()
+        await asyncio.wait_for(task, 10)
+    finally:
+        api.close()
+        server.stop()
+    wire = {_wire_rule(verb, path, query) for verb, path, query in k.requests}
+    assert ("pods/eviction", "create") in wire and ("pods", "delete") in wire and ("nodes", "watch") in wire, wire
+    assert wire <= granted(), f"sent but not granted: {sorted(wire - granted())}"
+
+
+# --- docker ---------------------------------------------------------------------------------------
+def test_dockerfile_copies_paths_that_exist():
+    text = (ROOT / "docker/Dockerfile").read_text()
+    sources = [line.split()[1] for line in text.splitlines() if line.startswith("COPY ") and "--from" not in line]
+    assert sources and all((ROOT / s).exists() for s in sources), sources
+    assert "USER 10001" in text
+
+
+def test_compose_parses_and_runs_real_commands():
+    doc = yaml.safe_load((ROOT / "docker/compose.yaml").read_text())
+    assert {"temporal", "controller", "fleet"} <= set(doc["services"])
+    for name, svc in doc["services"].items():
+        if "build" in svc:
+            ctx = (ROOT / "docker" / svc["build"]["context"]).resolve()
+            assert (ctx / svc["build"]["dockerfile"]).exists(), name
+            build_parser().parse_args(svc["command"])
+    cmd = doc["services"]["temporal"]["command"]
+    flags = {cmd[i + 1] for i, a in enumerate(cmd) if a == "--search-attribute"}
+    kinds = {"KEYWORD": "Keyword", "KEYWORD_LIST": "KeywordList"}
+    assert flags == {f"{k.name}={kinds[k.indexed_value_type.name]}" for k in SEARCH_ATTRIBUTES}
