@@ -364,6 +364,13 @@ def cmd_report(args) -> int:
     return _operator(args, work)
 
 
+def cmd_cli_reference(args) -> int:
+    from workers.cli_reference import cli_reference
+
+    print(cli_reference(build_parser()))
+    return 0
+
+
 def add_temporal_args(p: argparse.ArgumentParser, embedded: bool = False) -> None:
     """The flags every command that talks to Temporal takes."""
     g = p.add_argument_group("Temporal (flags override TEMPORAL_* env and the Temporal config file)")
@@ -406,6 +413,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.set_defaults(func=cmd_policy_check)
     reference = policy.add_parser("reference", help="print the policy reference (markdown) from the model's field docs")
     reference.set_defaults(func=cmd_policy_reference)
+    sub.add_parser("cli-reference", help="print this CLI reference (markdown) from the parser").set_defaults(
+        func=cmd_cli_reference)
 
     replay = sub.add_parser("replay", help="replay exported histories (*.json) against the current code")
     replay.add_argument("dir")
