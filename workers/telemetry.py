@@ -122,6 +122,9 @@ def _node_from_workflow_id(workflow_id: str | None) -> str | None:
 
 def configure_logging(level: str, fmt: str) -> None:
     handler = logging.StreamHandler(sys.stderr)
+    # On the handler too: libraries that set their own logger level (werkzeug, under moto) still
+    # propagate to it.
+    handler.setLevel(level.upper())
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
