@@ -41,6 +41,8 @@ SEARCH_ATTRIBUTES = [SA_NODE, SA_FAULT, SA_STAGE, SA_OUTCOME, SA_UUIDS, SA_ATTRI
 
 MAX_REJECTED_KEPT = 50
 MAX_BOOTS_KEPT = 16
+# workflow.patched ids: each names a change to workflow logic that old histories must not see.
+PATCH_LOCAL_CLUSTER_CALLS = "local-cluster-calls"
 
 
 def remediation_workflow_id(node: str) -> str:
@@ -533,13 +535,15 @@ class NodeRemediation:
     async def _signal_guard(self, signal: str, arg: BaseModel, started: bool = False) -> None:
         """Signal-with-start through an activity the first time, so the guard exists when needed;
         a plain external signal (two events, no activity) once this episode knows it runs."""
-        if started:
+        local = self._local_cluster_calls()
+        if started and not local:
             try:
                 await workflow.get_external_workflow_handle(guard_workflow_id(self.inp.cluster)).signal(signal, arg)
                 return
             except FailureError:
                 pass  # the guard was terminated or reset: start it again below
-        await workflow.execute_activity(
+        run = workflow.execute_local_activity if local else workflow.execute_activity
+        await run(
             c.GUARD_SIGNAL,
             c.GuardSignalRequest(cluster=self.inp.cluster, guard=self.policy.guard, task_queue=self.inp.guard_task_queue,
                                  signal=signal, payload=arg.model_dump(mode="json")),
@@ -559,21 +563,29 @@ class NodeRemediation:
     async def _release_lease(self) -> None:
         if not (self.s.lease_held or self.s.lease_requested):
             return
-        await workflow.get_external_workflow_handle(guard_workflow_id(self.inp.cluster)).signal(
-            GUARD_SIGNAL_RELEASE, LeaseRelease(holder=workflow.info().workflow_id))
+        release = LeaseRelease(holder=workflow.info().workflow_id)
+        if self._local_cluster_calls():
+            await self._signal_guard(GUARD_SIGNAL_RELEASE, release)
+        else:
+            await workflow.get_external_workflow_handle(guard_workflow_id(self.inp.cluster)).signal(
+                GUARD_SIGNAL_RELEASE, release)
         self.s.lease_held = self.s.lease_requested = False
 
     # --- activity plumbing ---------------------------------------------------------------------
     async def _kube(self, name: str, req: BaseModel, result_type: type, summary: str,
                     start_to_close: timedelta = timedelta(minutes=1), heartbeat: timedelta | None = None):
         """Cluster activities retry transient API errors; a non-retryable one leaves the node as it is."""
+        retry = RetryPolicy(maximum_attempts=10, maximum_interval=timedelta(seconds=30),
+                            non_retryable_error_types=NON_RETRYABLE)
         try:
-            result = await workflow.execute_activity(
-                name, req, result_type=result_type, start_to_close_timeout=start_to_close,
-                heartbeat_timeout=heartbeat, summary=summary,
-                retry_policy=RetryPolicy(maximum_attempts=10, maximum_interval=timedelta(seconds=30),
-                                         non_retryable_error_types=NON_RETRYABLE),
-            )
+            if heartbeat is None and self._local_cluster_calls():
+                result = await workflow.execute_local_activity(
+                    name, req, result_type=result_type, start_to_close_timeout=start_to_close, summary=summary,
+                    retry_policy=retry)
+            else:
+                result = await workflow.execute_activity(
+                    name, req, result_type=result_type, start_to_close_timeout=start_to_close,
+                    heartbeat_timeout=heartbeat, summary=summary, retry_policy=retry)
         except ActivityError as err:
             self._record(name, summary, False, _cause(err))
             return None
@@ -581,10 +593,17 @@ class NodeRemediation:
         return result
 
     async def _ledger(self, name: str, req: BaseModel, result_type: type, summary: str):
-        return await workflow.execute_activity(
+        run = workflow.execute_local_activity if self._local_cluster_calls() else workflow.execute_activity
+        return await run(
             name, req, result_type=result_type, start_to_close_timeout=timedelta(seconds=30), summary=summary,
             retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=30)),
         )
+
+    def _local_cluster_calls(self) -> bool:
+        """Short cluster-side calls (cordon, pod marks, events, ledger, guard signals) run as local
+        activities in the controller: one marker event each instead of three events and a workflow
+        task, and no task-queue round trip before the cordon. Histories from before keep replaying."""
+        return workflow.patched(PATCH_LOCAL_CLUSTER_CALLS)
 
     async def _cloud(self, name: str, req: BaseModel, result_type: type, summary: str, rp):
         return await workflow.execute_activity(

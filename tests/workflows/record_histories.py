@@ -42,7 +42,7 @@ PATHS = {
 }
 
 
-async def record(env: WorkflowEnvironment, name: str) -> dict:
+async def record(env: WorkflowEnvironment, name: str, write: bool = True) -> dict:
     code, cured_by, recurs, approve = PATHS[name]
     u = uuid.uuid4().hex[:6]
     fleet = FakeFleet(client=env.client, task_queue=f"rec-{u}", policy=fast_policy(approve=approve), cluster=f"rec-{u}")
@@ -55,7 +55,8 @@ async def record(env: WorkflowEnvironment, name: str) -> dict:
             await handle.execute_update(NodeRemediation.approve)
         result = await handle.result()
         history = await handle.fetch_history()
-    (HISTORIES / f"{name}.json").write_text(json.dumps(json.loads(history.to_json()), indent=1) + "\n")
+    if write:
+        (HISTORIES / f"{name}.json").write_text(json.dumps(json.loads(history.to_json()), indent=1) + "\n")
     return {"path": name, "outcome": result.outcome.value, "rungs": [r.value for r in result.rungs],
             "events": len(history.events)}
 

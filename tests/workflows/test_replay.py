@@ -15,7 +15,9 @@ from tests.workflows.changed_workflows import NodeRemediationChangedPatched, Nod
 from workflows.fleet_guard import FleetGuard
 from workflows.node_remediation import NodeRemediation
 
-HISTORIES = sorted((Path(__file__).resolve().parent.parent / "histories").glob("*.json"))
+# The newest recordings, plus those made before each patch (subfolders named after the patch).
+ROOT = Path(__file__).resolve().parent.parent / "histories"
+HISTORIES = sorted(ROOT.rglob("*.json"))
 REQUIRED_PATHS = {"kill_only", "reset", "reboot", "replace", "probation_recurrence", "approval"}
 
 
@@ -24,23 +26,25 @@ def load(path: Path) -> WorkflowHistory:
 
 
 def test_every_required_path_is_recorded():
-    assert REQUIRED_PATHS <= {p.stem for p in HISTORIES}
+    assert REQUIRED_PATHS <= {p.stem for p in HISTORIES if p.parent == ROOT}
+    for before in (d for d in ROOT.iterdir() if d.is_dir()):
+        assert REQUIRED_PATHS <= {p.stem for p in before.glob("*.json")}, f"{before.name}: a path is missing"
 
 
-@pytest.mark.parametrize("path", HISTORIES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", HISTORIES, ids=lambda p: str(p.relative_to(ROOT).with_suffix("")))
 async def test_history_replays(path: Path):
     replayer = Replayer(workflows=[NodeRemediation, FleetGuard], data_converter=pydantic_data_converter)
     await replayer.replay_workflow(load(path))
 
 
-@pytest.mark.parametrize("path", HISTORIES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", HISTORIES, ids=lambda p: str(p.relative_to(ROOT).with_suffix("")))
 async def test_unpatched_change_is_caught(path: Path):
     replayer = Replayer(workflows=[NodeRemediationChangedUnpatched], data_converter=pydantic_data_converter)
     with pytest.raises(NondeterminismError):
         await replayer.replay_workflow(load(path))
 
 
-@pytest.mark.parametrize("path", HISTORIES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", HISTORIES, ids=lambda p: str(p.relative_to(ROOT).with_suffix("")))
 async def test_patched_change_replays(path: Path):
     replayer = Replayer(workflows=[NodeRemediationChangedPatched], data_converter=pydantic_data_converter)
     await replayer.replay_workflow(load(path))
