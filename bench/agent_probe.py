@@ -12,11 +12,11 @@ import resource
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.results import append_result  # noqa: E402
 from health.nics import NicExpectation  # noqa: E402
 from health.runner import ProbeConfig, run_cycle  # noqa: E402
 from sim.nvml import SimulatedNvml  # noqa: E402
@@ -40,16 +40,10 @@ def main() -> None:
         cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     assert len(snap.findings) == 1
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    line = (f"| {datetime.now(UTC):%Y-%m-%d} | agent_probe | 8 simulated GPUs + 8 sysfs IB ports, {args.cycles} cycles "
-            f"| CPU {cpu / args.cycles * 1000:.3f} ms/cycle, wall {wall / args.cycles * 1000:.3f} ms/cycle, "
-            f"peak RSS {rss_mb:.1f} MB | goal <= 5 ms, <= 80 MB |")
     print(f"command: .venv/bin/python bench/agent_probe.py --cycles {args.cycles}")
-    print(line)
-    results = Path(__file__).resolve().parent / "RESULTS.md"
-    if not results.exists():
-        results.write_text("# Benchmark results\n\n| date | bench | setup | figures | goal |\n|---|---|---|---|---|\n")
-    with results.open("a") as fh:
-        fh.write(line + "\n")
+    print(append_result("agent_probe", f"8 simulated GPUs + 8 sysfs IB ports, {args.cycles} cycles",
+                        f"CPU {cpu / args.cycles * 1000:.3f} ms/cycle, wall {wall / args.cycles * 1000:.3f} ms/cycle, "
+                        f"peak RSS {rss_mb:.1f} MB", "goal <= 5 ms, <= 80 MB"))
 
 
 if __name__ == "__main__":
