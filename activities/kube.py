@@ -78,15 +78,19 @@ class KubeActivities:
     # --- quarantine / return -------------------------------------------------------------------
     @activity.defn(name=c.KUBE_QUARANTINE)
     async def quarantine(self, req: c.QuarantineRequest) -> c.QuarantineResult:
-        n = await self._node(req.node)
-        done = bool(n.spec.unschedulable) and self._has_taint(n, req.taint_key) and self._condition(n) == "False"
-        if req.dry_run or done:
-            return c.QuarantineResult(node=req.node, changed=False, cordoned_at=_now(), dry_run=req.dry_run)
+        # A first attempt goes straight to the (idempotent) patch: one round trip less before the
+        # cordon. A retry looks first, so it reports what an earlier attempt already did.
+        if req.dry_run or activity.info().attempt > 1:
+            n = await self._node(req.node)
+            done = bool(n.spec.unschedulable) and self._has_taint(n, req.taint_key) and self._condition(n) == "False"
+            if req.dry_run or done:
+                return c.QuarantineResult(node=req.node, changed=False, cordoned_at=_now(), dry_run=req.dry_run)
         taint = {"key": req.taint_key, "value": req.fault_class[:63], "effect": "NoSchedule"}
-        await self._call("patch", f"nodes/{req.node}", self.core.patch_node, req.node,
-                         {"spec": {"unschedulable": True, "taints": [taint]}})
+        # The cordon first (what detect-to-cordon measures); the PATCH answer is the stored object,
+        # so it is what verifies the cordon stuck.
+        n = await self._call("patch", f"nodes/{req.node}", self.core.patch_node, req.node,
+                             {"spec": {"unschedulable": True, "taints": [taint]}})
         await self._set_condition(req.node, False, "GpuFault", req.reason)
-        n = await self._node(req.node)
         if not (n.spec.unschedulable and self._has_taint(n, req.taint_key)):
             raise fail(NO_EFFECT, f"cordon of {req.node} did not stick")
         cordoned_at = _now()
@@ -102,10 +106,9 @@ class KubeActivities:
         if req.dry_run or (not n.spec.unschedulable and not ours and self._condition(n) == "True"):
             return c.ReturnToServiceResult(node=req.node, changed=False, dry_run=req.dry_run)
         deletes = [{"key": t.key, "effect": t.effect, "$patch": "delete"} for t in ours]
-        await self._call("patch", f"nodes/{req.node}", self.core.patch_node, req.node,
-                         {"spec": {"unschedulable": False, "taints": deletes}})
+        n = await self._call("patch", f"nodes/{req.node}", self.core.patch_node, req.node,
+                             {"spec": {"unschedulable": False, "taints": deletes}})
         await self._set_condition(req.node, True, "Validated", req.reason)
-        n = await self._node(req.node)
         if n.spec.unschedulable or any(t.key in req.taint_keys for t in n.spec.taints or []):
             raise fail(NO_EFFECT, f"uncordon of {req.node} did not stick")
         await self._event("Node", req.node, self.events_ns, "GpuReturned", f"uncordoned: {req.reason}", "Normal",

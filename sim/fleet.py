@@ -36,7 +36,7 @@ from sim.nvml import SimulatedNvml
 from sim.scenario import Fault, Scenario
 from sim.sysfs import PORT_UP, write_ib_ports
 from workers.agent import Agent, AgentConfig
-from workers.controller import CONTROLLER_WORKFLOWS, controller_activities
+from workers.controller import controller_activities, controller_worker
 from workflows.node_remediation import remediation_workflow_id
 
 CURE_ORDER = {"kill": 0, "reset": 1, "reboot": 2, "replace": 3, "none": 99}
@@ -178,9 +178,7 @@ class SimulatedFleet:
         self._build(core)
         kube_acts, cloud = KubeActivities(core), CloudActivities(self.ec2, autoscaling, ssm, core)
         ledger, guard = LedgerActivities(SqliteLedger(self.tmp / "ledger.db")), GuardActivities(self.temporal)
-        workers = [Worker(self.temporal, task_queue=self.task_queue, workflows=CONTROLLER_WORKFLOWS,
-                          activities=controller_activities(kube_acts, cloud, ledger, guard),
-                          max_concurrent_activities=200)]
+        workers = [controller_worker(self.temporal, self.task_queue, controller_activities(kube_acts, cloud, ledger, guard))]
         for host in self.hosts.values():
             acts = SimNodeActivities(host, self.agent_config(host).probe, host.nv, proc=host.proc, nvidia_smi=str(smi),
                                      dcgmi=str(self.tmp / "no-dcgmi"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import boto3
 from temporalio.client import Client
 from temporalio.worker import Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from activities.cloud import CloudActivities
 from activities.guard import GuardActivities
@@ -61,9 +63,36 @@ def build_worker(client: Client, cfg: ControllerConfig) -> Worker:
     else:
         Path(cfg.ledger).parent.mkdir(parents=True, exist_ok=True)
         store = SqliteLedger(cfg.ledger)
-    return Worker(client, task_queue=cfg.task_queue, workflows=CONTROLLER_WORKFLOWS,
-                  activities=controller_activities(kube, cloud, LedgerActivities(store), GuardActivities(client)),
-                  max_concurrent_activities=cfg.max_concurrent_activities)
+    return controller_worker(client, cfg.task_queue,
+                             controller_activities(kube, cloud, LedgerActivities(store), GuardActivities(client)),
+                             cfg.max_concurrent_activities)
+
+
+def controller_worker(client: Client, task_queue: str, activities: list, max_concurrent_activities: int = 200,
+                      workflows: list | None = None) -> Worker:
+    """The controller's worker settings, in one place (the controller, the simulator, the benches).
+
+    The cluster-side activities block in the kubernetes and boto3 clients off the event loop, so
+    they get their own thread pool rather than asyncio's default (cores + 4 threads), which a
+    storm of cordons would queue behind."""
+    loop = asyncio.get_running_loop()
+    if not isinstance(getattr(loop, "_default_executor", None), _ClusterCallPool):
+        loop.set_default_executor(_ClusterCallPool(max_workers=64, thread_name_prefix="cluster-call"))
+    return Worker(client, task_queue=task_queue, workflows=workflows or CONTROLLER_WORKFLOWS, activities=activities,
+                  max_concurrent_activities=max_concurrent_activities, max_concurrent_local_activities=200,
+                  max_concurrent_workflow_tasks=200, max_concurrent_workflow_task_polls=8,
+                  workflow_runner=WORKFLOW_RUNNER)
+
+
+# The sandbox re-imports every non-passed-through module for each new workflow run: for gpuheal's
+# workflow modules that was the largest cost of a cold workflow task (a storm of first reports).
+# They are passed through instead; tests/workflows/test_determinism.py keeps them free of clocks,
+# randomness, I/O and module-level mutable state, which is what the re-import protected against.
+WORKFLOW_RUNNER = SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_modules("workflows"))
+
+
+class _ClusterCallPool(concurrent.futures.ThreadPoolExecutor):
+    """The thread pool of blocking cluster calls (asyncio.to_thread in the activities)."""
 
 
 async def run_controller(client: Client, cfg: ControllerConfig, stop: asyncio.Event) -> None:

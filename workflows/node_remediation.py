@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
-from enum import StrEnum
+from datetime import timedelta
 from typing import Any
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ValidationError
 from temporalio import workflow
-from temporalio.common import RetryPolicy, SearchAttributeKey
+from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 
 from workflows import metrics
@@ -18,7 +17,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.errors import NON_RETRYABLE
     from policies.classify import Triage, classify
     from policies.findings import HealthReport
-    from policies.model import Generation, Policy, Rung
+    from policies.model import Rung
     from workflows.fleet_guard import (
         GUARD_SIGNAL_FAULT,
         GUARD_SIGNAL_RELEASE,
@@ -29,147 +28,28 @@ with workflow.unsafe.imports_passed_through():
         LeaseRelease,
         guard_workflow_id,
     )
-    from workflows.validation import validate_once, validate_twice
-
-SA_NODE = SearchAttributeKey.for_keyword("GpuNode")
-SA_FAULT = SearchAttributeKey.for_keyword("FaultClass")
-SA_STAGE = SearchAttributeKey.for_keyword("RemediationStage")
-SA_OUTCOME = SearchAttributeKey.for_keyword("Outcome")
-SA_UUIDS = SearchAttributeKey.for_keyword_list("GpuUuids")
-SA_ATTRIBUTION = SearchAttributeKey.for_keyword("Attribution")
-SEARCH_ATTRIBUTES = [SA_NODE, SA_FAULT, SA_STAGE, SA_OUTCOME, SA_UUIDS, SA_ATTRIBUTION]
-
-MAX_REJECTED_KEPT = 50
-MAX_BOOTS_KEPT = 16
-# workflow.patched ids: each names a change to workflow logic that old histories must not see.
-PATCH_LOCAL_CLUSTER_CALLS = "local-cluster-calls"
-
-
-def remediation_workflow_id(node: str) -> str:
-    return f"remediate/{node}"
-
-
-class Stage(StrEnum):
-    TRIAGE = "triage"
-    LADDER = "ladder"
-    RETURN = "return_to_service"
-    PROBATION = "probation"
-    DONE = "done"
-
-
-class Outcome(StrEnum):
-    HEALTHY = "healthy"
-    RETURNED = "returned"
-    REPLACED = "replaced"
-    QUARANTINED = "quarantined"
-    AWAITING_APPROVAL = "awaiting_approval"
-    DENIED_ADMISSION = "denied_admission"
-    DRY_RUN = "dry_run"  # the policy's dry run: what would have been done is in the actions
-
-
-class ActionRecord(BaseModel):
-    at: datetime
-    step: str
-    summary: str
-    ok: bool
-    detail: str = ""
-
-
-class RejectedReport(BaseModel):
-    at: datetime
-    reason: str
-    excerpt: str = Field(default="", description="The start of what was sent, for the operator.")
-
-
-class RemediationState(BaseModel):
-    """Everything the episode knows; continue-as-new carries it whole."""
-
-    stage: Stage = Stage.TRIAGE
-    outcome: Outcome | None = None
-    outcome_reason: str = ""
-    started_at: datetime | None = None
-    triage: Triage | None = None
-    latest: HealthReport | None = None
-    first_report: HealthReport | None = None
-    boot_id: str | None = None
-    seq_by_boot: dict[str, int] = Field(default_factory=dict, description="'<source>:<boot id>' -> last sequence")
-    retired_boots: list[str] = Field(default_factory=list)
-    duplicates: int = 0
-    rejected: list[RejectedReport] = Field(default_factory=list)
-    rejected_total: int = 0
-    next_rung: Rung | None = None
-    fixed_by: Rung | None = None
-    rungs_tried: list[Rung] = Field(default_factory=list)
-    attempts: dict[str, int] = Field(default_factory=dict)
-    actions: list[ActionRecord] = Field(default_factory=list)
-    quarantined: bool = False
-    drained: bool = False
-    lease_requested: bool = False
-    lease_held: bool = False
-    guard_notified: bool = False
-    validations: int = 0
-    detect_to_cordon_ms: int | None = None
-    returned_at: datetime | None = None
-    recurrence: HealthReport | None = None
-    paused: bool = False
-    pause_reason: str = ""
-    cancel_reason: str | None = None
-    awaiting_approval: Rung | None = None
-    approved: list[Rung] = Field(default_factory=list)
-    skip_to: Rung | None = None
-    hardware_ids: list[str] = Field(default_factory=list)
-    run_ids: list[str] = Field(default_factory=list)
-
-
-class RemediationInput(BaseModel):
-    node: str
-    cluster: str = "default"
-    generation: Generation = Generation.HOPPER
-    policy: Policy
-    expected_gpus: int | None = None
-    guard_task_queue: str = Field(default="gpuheal", description="Where the guard runs if it must be started.")
-    history_limit: int | None = Field(
-        default=None, description="Continue as new past this many events (besides the server's suggestion)."
+    from workflows.remediation_types import (  # noqa: F401 - re-exported: callers import them from here
+        MAX_BOOTS_KEPT,
+        MAX_REJECTED_KEPT,
+        PATCH_LOCAL_CLUSTER_CALLS,
+        SA_ATTRIBUTION,
+        SA_FAULT,
+        SA_NODE,
+        SA_OUTCOME,
+        SA_STAGE,
+        SA_UUIDS,
+        SEARCH_ATTRIBUTES,
+        ActionRecord,
+        Outcome,
+        RejectedReport,
+        RemediationInput,
+        RemediationResult,
+        RemediationState,
+        RemediationStatus,
+        Stage,
+        remediation_workflow_id,
     )
-    state: RemediationState | None = None
-
-
-class RemediationStatus(BaseModel):
-    node: str
-    stage: Stage
-    outcome: Outcome | None
-    outcome_reason: str
-    triage: Triage | None
-    next_rung: Rung | None
-    fixed_by: Rung | None
-    rungs_tried: list[Rung]
-    attempts: dict[str, int]
-    actions: list[ActionRecord]
-    lease_held: bool
-    quarantined: bool
-    paused: bool
-    pause_reason: str
-    awaiting_approval: Rung | None
-    cancel_reason: str | None
-    rejected: list[RejectedReport]
-    rejected_total: int
-    duplicates: int
-    validations: int
-    boot_id: str | None
-    run_ids: list[str]
-
-
-class RemediationResult(BaseModel):
-    node: str
-    outcome: Outcome
-    reason: str
-    fault_class: str | None
-    attribution: str | None
-    rungs: list[Rung]
-    validations: int
-    detect_to_cordon_ms: int | None
-    run_ids: list[str]
-
+    from workflows.validation import validate_once, validate_twice
 
 @workflow.defn(name="NodeRemediation")
 class NodeRemediation:
@@ -542,14 +422,12 @@ class NodeRemediation:
                 return
             except FailureError:
                 pass  # the guard was terminated or reset: start it again below
-        run = workflow.execute_local_activity if local else workflow.execute_activity
-        await run(
+        await self._cluster_call(
             c.GUARD_SIGNAL,
             c.GuardSignalRequest(cluster=self.inp.cluster, guard=self.policy.guard, task_queue=self.inp.guard_task_queue,
                                  signal=signal, payload=arg.model_dump(mode="json")),
-            start_to_close_timeout=timedelta(seconds=30), summary=f"{signal} to fleet guard for {self.node}",
-            retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
-        )
+            None, f"{signal} to fleet guard for {self.node}", timedelta(seconds=30),
+            RetryPolicy(maximum_interval=timedelta(seconds=10)))
 
     async def _tell_guard(self, healthy: bool) -> None:
         if (healthy and not self.s.guard_notified) or self.policy.dry_run:
@@ -578,14 +456,7 @@ class NodeRemediation:
         retry = RetryPolicy(maximum_attempts=10, maximum_interval=timedelta(seconds=30),
                             non_retryable_error_types=NON_RETRYABLE)
         try:
-            if heartbeat is None and self._local_cluster_calls():
-                result = await workflow.execute_local_activity(
-                    name, req, result_type=result_type, start_to_close_timeout=start_to_close, summary=summary,
-                    retry_policy=retry)
-            else:
-                result = await workflow.execute_activity(
-                    name, req, result_type=result_type, start_to_close_timeout=start_to_close,
-                    heartbeat_timeout=heartbeat, summary=summary, retry_policy=retry)
+            result = await self._cluster_call(name, req, result_type, summary, start_to_close, retry, heartbeat)
         except ActivityError as err:
             self._record(name, summary, False, _cause(err))
             return None
@@ -593,11 +464,19 @@ class NodeRemediation:
         return result
 
     async def _ledger(self, name: str, req: BaseModel, result_type: type, summary: str):
-        run = workflow.execute_local_activity if self._local_cluster_calls() else workflow.execute_activity
-        return await run(
-            name, req, result_type=result_type, start_to_close_timeout=timedelta(seconds=30), summary=summary,
-            retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=30)),
-        )
+        return await self._cluster_call(name, req, result_type, summary, timedelta(seconds=30),
+                                        RetryPolicy(maximum_interval=timedelta(seconds=30)))
+
+    async def _cluster_call(self, name: str, arg: BaseModel, result_type: type | None, summary: str,
+                            start_to_close: timedelta, retry: RetryPolicy, heartbeat: timedelta | None = None):
+        """A controller-side activity: local where it is short (no heartbeat), else a regular one."""
+        if heartbeat is None and self._local_cluster_calls():
+            # A local activity leaves a marker, not a scheduled event: a summary would cost a payload
+            # encoding per call and show nowhere. The step record (`_record`) carries it instead.
+            return await workflow.execute_local_activity(name, arg, result_type=result_type,
+                                                         start_to_close_timeout=start_to_close, retry_policy=retry)
+        return await workflow.execute_activity(name, arg, result_type=result_type, start_to_close_timeout=start_to_close,
+                                               heartbeat_timeout=heartbeat, summary=summary, retry_policy=retry)
 
     def _local_cluster_calls(self) -> bool:
         """Short cluster-side calls (cordon, pod marks, events, ledger, guard signals) run as local

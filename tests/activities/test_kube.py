@@ -1,6 +1,7 @@
 """Kubernetes activities against the fake API server over HTTP, through the real client."""
 
 import asyncio
+import dataclasses
 
 import pytest
 from kubernetes import client
@@ -26,6 +27,13 @@ def run(fn, *args):
     return ActivityEnvironment().run(fn, *args)
 
 
+def retry(fn, *args):
+    """The same call as a retried attempt (attempt 2), as Temporal runs it after a failure."""
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(env.info, attempt=2)
+    return env.run(fn, *args)
+
+
 def taints(core, node):
     return [(t.key, t.value, t.effect) for t in core.read_node(node).spec.taints or []]
 
@@ -40,7 +48,7 @@ async def test_quarantine_and_return_verified_and_idempotent(kube):
     assert n.spec.unschedulable is True
     assert sorted(taints(core, "n1")) == [("gpuheal.io/quarantine", "gpu_lost", "NoSchedule"), ("other", "x", "NoSchedule")]
     assert {x.type: x.status for x in n.status.conditions}["GpuHealthy"] == "False"
-    again = await run(acts.quarantine, c.QuarantineRequest(node="n1", fault_class="gpu_lost", reason="retry"))
+    again = await retry(acts.quarantine, c.QuarantineRequest(node="n1", fault_class="gpu_lost", reason="retry"))
     assert not again.changed
     back = await run(acts.return_to_service, c.ReturnToServiceRequest(node="n1", reason="validated twice"))
     assert back.changed
