@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
+import urllib3
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from temporalio import activity
@@ -19,6 +20,8 @@ FAULT_ANNOTATION = "gpuheal.io/fault"
 DRAIN_DEADLINE_ANNOTATION = "gpuheal.io/drain-deadline"
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 EVENT_SOURCE = "gpuheal"
+TRANSIENT = (429, 500, 502, 503, 504)
+CALL_TRIES = 4  # per API call, for 429 / 5xx / dropped connections, before the activity attempt fails
 
 
 def _now() -> datetime:
@@ -35,17 +38,30 @@ class KubeActivities:
         self.gpu_node_selector = gpu_node_selector
 
     # --- plumbing ------------------------------------------------------------------------------
-    async def _call(self, verb: str, resource: str, fn: Callable, *args, **kwargs):
-        """One API call off the event loop, its failure mapped to what a retry can and cannot fix."""
-        try:
-            return await asyncio.to_thread(fn, *args, **kwargs)
-        except ApiException as err:
-            if err.status == 404 and resource.startswith("node"):
-                raise fail(NODE_GONE, f"{resource} not found") from None
-            if err.status == 403:
-                raise fail(PERMISSION_DENIED, f"forbidden: {verb} {resource} ({err.reason})", verb=verb,
-                           resource=resource) from None
-            raise  # 409 (re-read on retry), 429, 5xx: retryable
+    async def _call(self, verb: str, resource: str, fn: Callable, *args, retry_on=TRANSIENT, **kwargs):
+        """One API call off the event loop, its failure mapped to what a retry can and cannot fix.
+
+        A throttled (429), failing (5xx) or dropped call is tried again a few times here, as
+        client-go does, so that one flaky request does not cost the whole activity attempt."""
+        for attempt in range(CALL_TRIES):
+            try:
+                return await asyncio.to_thread(fn, *args, **kwargs)
+            except ApiException as err:
+                if err.status not in retry_on or attempt == CALL_TRIES - 1:
+                    self._raise_mapped(verb, resource, err)
+            except (urllib3.exceptions.HTTPError, ConnectionError):
+                if attempt == CALL_TRIES - 1:
+                    raise
+            await asyncio.sleep(min(2.0, 0.1 * 2**attempt))
+
+    @staticmethod
+    def _raise_mapped(verb: str, resource: str, err: ApiException):
+        if err.status == 404 and resource.startswith("node"):
+            raise fail(NODE_GONE, f"{resource} not found") from None
+        if err.status == 403:
+            raise fail(PERMISSION_DENIED, f"forbidden: {verb} {resource} ({err.reason})", verb=verb,
+                       resource=resource) from None
+        raise err  # 409 (re-read on retry), 429, 5xx: the activity's retry policy takes it from here
 
     async def _node(self, name: str) -> client.V1Node:
         return await self._call("get", f"nodes/{name}", self.core.read_node, name)
@@ -164,10 +180,12 @@ class KubeActivities:
             for p in pending:
                 name = f"{p.metadata.namespace}/{p.metadata.name}"
                 try:
+                    # A 429 here is a PodDisruptionBudget's "not now", which the drain's backoff handles.
                     await self._call("create", f"pods/{name}/eviction", self.core.create_namespaced_pod_eviction,
                                      p.metadata.name, p.metadata.namespace, client.V1Eviction(
                                          metadata=client.V1ObjectMeta(name=p.metadata.name, namespace=p.metadata.namespace),
-                                         delete_options=client.V1DeleteOptions(grace_period_seconds=req.pod_grace_seconds)))
+                                         delete_options=client.V1DeleteOptions(grace_period_seconds=req.pod_grace_seconds)),
+                                     retry_on=(500, 502, 503, 504))
                     result.evicted.append(name)
                 except ApiException as err:
                     if err.status == 404:

@@ -133,6 +133,9 @@ class DrainPolicy(_Strict):
     )
     allow_force: bool = Field(default=False, description="Whether `force` may delete pods despite their budget.")
     pod_grace_seconds: int = Field(default=30, ge=0, description="Termination grace given to evicted pods.")
+    heartbeat_timeout: Duration = Field(
+        default=timedelta(seconds=60),
+        description="A drain silent this long (its controller died) is started again on another controller.")
 
 
 class GuardPolicy(_Strict):
@@ -280,7 +283,7 @@ class Policy(_Strict):
 
 
 ACTIVITY_TIMEOUT_FLOOR = timedelta(seconds=10)
-_ACTIVITY_TIMEOUTS = {"action_timeout", "agent_timeout", "timeout"}
+_ACTIVITY_TIMEOUTS = {"action_timeout", "agent_timeout", "timeout", "heartbeat_timeout"}
 
 
 def _scale(model: BaseModel, factor: float) -> BaseModel:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +40,7 @@ from workers.agent import Agent, AgentConfig
 from workers.controller import controller_activities, controller_worker
 from workflows.node_remediation import remediation_workflow_id
 
+log = logging.getLogger("gpuheal.sim")
 CURE_ORDER = {"kill": 0, "reset": 1, "reboot": 2, "replace": 3, "none": 99}
 PORT_DOWN = ("1: DOWN", "2: Polling", "400 Gb/sec (4X NDR)")
 
@@ -59,9 +61,15 @@ class SimNodeActivities(NodeActivities):
 
     @activity.defn(name=c.NODE_RESET)
     async def reset_gpu(self, req: c.ResetRequest) -> c.ResetResult:
+        self.host.calls.append(c.NODE_RESET)
         if not req.dry_run:
             self.host.acted_on("reset")
         return await super().reset_gpu(req)
+
+    @activity.defn(name=c.NODE_VALIDATE)
+    async def validate(self, req: c.ValidateRequest) -> c.ValidationResult:
+        self.host.calls.append(c.NODE_VALIDATE)
+        return await super().validate(req)
 
 
 @dataclass
@@ -79,6 +87,7 @@ class SimHost:
     replaced: bool = False
     agent: Agent | None = None
     injected: bool = False
+    calls: list[str] = field(default_factory=list)  # node-local activities run here, in order
 
     @property
     def sysfs(self) -> Path:
@@ -124,7 +133,10 @@ class SimHost:
         if self.await_uncordon and not self.fleet.kube.get("Node", "", self.name)["spec"].get("unschedulable"):
             self.await_uncordon = False
             self.inject()  # the fault comes back once the node is in service again
-        await self.agent.step()
+        try:
+            await self.agent.step()
+        except Exception as err:  # noqa: BLE001 - as the real agent's loop: a failed send is retried next poll
+            log.info("%s: probe cycle failed (%s), retried next poll", self.name, err)
 
     async def _follow_cloud(self) -> None:
         found = await asyncio.to_thread(self.fleet.ec2.describe_instances, InstanceIds=[self.iid])
@@ -163,22 +175,29 @@ class SimulatedFleet:
                            persist_polls=1, resend_interval_s=60, kmsg=None, admit_on_start=False)
 
     @contextlib.asynccontextmanager
-    async def running(self, moto_url: str):
+    async def running(self, moto_url: str, controller: bool = True, controller_aws_url: str | None = None):
+        """Everything up. `controller=False` leaves the controller to the caller (a `gpuheal
+        controller` process on `self.kubeconfig`); `controller_aws_url` points its AWS clients
+        elsewhere (a fault-injecting proxy in front of moto). The hosts always see moto itself."""
         self.tmp = Path(tempfile.mkdtemp(prefix="gpuheal-sim-"))
         session = boto3.Session(aws_access_key_id="sim", aws_secret_access_key="sim", region_name="us-east-1")
         self.ec2 = session.client("ec2", endpoint_url=moto_url)
-        autoscaling, ssm = session.client("autoscaling", endpoint_url=moto_url), session.client("ssm", endpoint_url=moto_url)
         server = FakeKubeServer().start()
         self.kube = server.kube
+        self.kubeconfig = server.write_kubeconfig(self.tmp / "kubeconfig")
+        aws = controller_aws_url or moto_url
         api = client.ApiClient(server.configuration())
         core = client.CoreV1Api(api)
         smi = self.tmp / "nvidia-smi"
         smi.write_text("#!/bin/sh\nexit 0\n")  # the simulated driver's reset always returns
         smi.chmod(0o755)
         self._build(core)
-        kube_acts, cloud = KubeActivities(core), CloudActivities(self.ec2, autoscaling, ssm, core)
-        ledger, guard = LedgerActivities(SqliteLedger(self.tmp / "ledger.db")), GuardActivities(self.temporal)
-        workers = [controller_worker(self.temporal, self.task_queue, controller_activities(kube_acts, cloud, ledger, guard))]
+        workers = []
+        if controller:
+            cloud = CloudActivities(*(session.client(s, endpoint_url=aws) for s in ("ec2", "autoscaling", "ssm")), core)
+            ledger, guard = LedgerActivities(SqliteLedger(self.tmp / "ledger.db")), GuardActivities(self.temporal)
+            workers.append(controller_worker(self.temporal, self.task_queue,
+                                             controller_activities(KubeActivities(core), cloud, ledger, guard)))
         for host in self.hosts.values():
             acts = SimNodeActivities(host, self.agent_config(host).probe, host.nv, proc=host.proc, nvidia_smi=str(smi),
                                      dcgmi=str(self.tmp / "no-dcgmi"))

@@ -316,7 +316,7 @@ class NodeRemediation:
                            deadline_s=d.deadline.total_seconds(), timeout_action=d.timeout_action,
                            allow_force=d.allow_force, pod_grace_seconds=d.pod_grace_seconds, dry_run=self.policy.dry_run),
             c.DrainResult, f"drain {self.node} through the Eviction API",
-            start_to_close=d.checkpoint_grace + d.deadline + timedelta(minutes=5), heartbeat=timedelta(seconds=60),
+            start_to_close=d.checkpoint_grace + d.deadline + timedelta(minutes=5), heartbeat=d.heartbeat_timeout,
         )
         self.s.drained = result is not None
 

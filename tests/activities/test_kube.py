@@ -9,7 +9,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities import contracts as c
-from activities.kube import ATTRIBUTION_ANNOTATION, DRAIN_DEADLINE_ANNOTATION, KubeActivities
+from activities.kube import ATTRIBUTION_ANNOTATION, CALL_TRIES, DRAIN_DEADLINE_ANNOTATION, KubeActivities
 from sim.fake_kube import FakeKubeServer
 
 
@@ -79,10 +79,12 @@ async def test_forbidden_names_verb_and_resource(kube):
 async def test_transient_errors_are_retryable(kube):
     k, _, acts = kube
     k.add_node("n1")
-    k.inject("PATCH", r"/nodes/n1$", status=500, count=1)
-    with pytest.raises(client.rest.ApiException):
-        await run(acts.quarantine, c.QuarantineRequest(node="n1", fault_class="x", reason="y"))
+    k.inject("PATCH", r"/nodes/n1$", status=500, count=2)  # one flaky call: tried again within the attempt
     assert (await run(acts.quarantine, c.QuarantineRequest(node="n1", fault_class="x", reason="y"))).changed
+    k.inject("GET", r"/nodes/n1$", status=503, count=CALL_TRIES)  # still failing: the attempt fails, retryably
+    with pytest.raises(client.rest.ApiException):
+        await retry(acts.quarantine, c.QuarantineRequest(node="n1", fault_class="x", reason="y"))
+    assert not (await retry(acts.quarantine, c.QuarantineRequest(node="n1", fault_class="x", reason="y"))).changed
 
 
 async def test_dry_run_changes_nothing(kube):
