@@ -42,7 +42,7 @@ class Fleet(_Strict):
 
 class Fault(_Strict):
     node: str
-    at: Duration = Field(default=0)
+    at: Duration = Field(default=timedelta(0))
     kind: FaultKind
     xid: int | None = None
     gpu: int = Field(default=0, ge=0)
