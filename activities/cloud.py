@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
+from datetime import timedelta
 
 from botocore.exceptions import ClientError
 from kubernetes import client
@@ -16,6 +18,7 @@ from activities.errors import INVALID_REQUEST, NO_EFFECT, NODE_GONE, NOT_OWNED, 
 _PROVIDER_ID = re.compile(r"^aws:///(?P<zone>[^/]+)/(?P<id>i-[0-9a-f]+)$")
 REBOOT_KEY_TAG = "gpuheal.io/reboot-key"
 REBOOT_STATE_TAG = "gpuheal.io/reboot-state"
+REBOOT_FROM_TAG = "gpuheal.io/reboot-from-boot"  # the kubelet's boot id when the reboot was asked for
 _DENIED = {"UnauthorizedOperation", "AccessDenied", "AccessDeniedException", "AuthFailure"}
 _GONE_STATES = {"shutting-down", "terminated"}
 
@@ -42,14 +45,40 @@ class CloudActivities:
                 raise fail(PERMISSION_DENIED, f"{what}: {code}: {err.response['Error'].get('Message', '')}") from None
             raise
 
-    async def _instance_id(self, node: str) -> str:
+    async def _read_node(self, node: str) -> client.V1Node:
         try:
-            n = await asyncio.to_thread(self.core.read_node, node)
+            return await asyncio.to_thread(self.core.read_node, node)
         except ApiException as err:
             if err.status == 404:
                 raise fail(NODE_GONE, f"node {node} not found") from None
             raise
-        return instance_id_from_provider_id(n.spec.provider_id)
+
+    async def _instance_id(self, node: str) -> str:
+        return instance_id_from_provider_id((await self._read_node(node)).spec.provider_id)
+
+    @staticmethod
+    def _boot_state(n: client.V1Node) -> tuple[str | None, bool]:
+        """The kubelet's boot id and whether the node is Ready: a reboot changes the first and
+        drops the second for a while."""
+        boot = n.status.node_info.boot_id if n.status and n.status.node_info else None
+        ready = any(x.type == "Ready" and x.status == "True" for x in (n.status.conditions or [])) if n.status else False
+        return boot, ready
+
+    async def _rebooted_since(self, node: str, from_boot: str | None) -> bool:
+        """Whether the node shows a reboot after the one an earlier attempt may have sent: its boot
+        id moved on or it is not Ready. Waits a while (a third of the attempt's time, at most a
+        minute) for the signs, since a reboot takes a moment to show."""
+        info = activity.info()
+        budget = min(60.0, (info.start_to_close_timeout or timedelta(minutes=3)).total_seconds() / 3)
+        deadline = time.monotonic() + budget
+        while True:
+            boot, ready = self._boot_state(await self._read_node(node))
+            if (from_boot and boot and boot != from_boot) or not ready:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            activity.heartbeat("waiting for signs of the earlier reboot")
+            await asyncio.sleep(min(2.0, budget / 5))
 
     async def _describe(self, instance_id: str) -> dict | None:
         try:
@@ -74,20 +103,30 @@ class CloudActivities:
     # --- reboot --------------------------------------------------------------------------------
     @activity.defn(name=c.CLOUD_REBOOT)
     async def reboot(self, req: c.RebootRequest) -> c.RebootResult:
-        iid = await self._instance_id(req.node)
+        n = await self._read_node(req.node)
+        iid = instance_id_from_provider_id(n.spec.provider_id)
         inst = await self._describe(iid)
         if inst is None or inst["State"]["Name"] in _GONE_STATES:
             raise fail(NODE_GONE, f"instance {iid} of {req.node} is gone")
         self._require_owned(inst, req.ownership_tag)
         tags = self._tags(inst)
-        if tags.get(REBOOT_KEY_TAG) == req.idempotency_key and tags.get(REBOOT_STATE_TAG) == "sent":
+        mine = tags.get(REBOOT_KEY_TAG) == req.idempotency_key[:255]
+        if mine and tags.get(REBOOT_STATE_TAG) == "sent":
             return c.RebootResult(instance_id=iid, rebooted=False)  # a retry: this reboot already went out
         if req.dry_run:
             return c.RebootResult(instance_id=iid, rebooted=False, dry_run=True)
-        # The key is written before the reboot and marked sent after: a retry after a crash in
-        # between re-sends (one extra reboot at worst), never skips the one that was asked for.
+        # The key (and the boot it reboots from) is written before the reboot and marked sent
+        # after. A retry that finds it pending was cut off in between: if the node shows the
+        # reboot, it went out; only if it shows none is it sent again.
+        if mine and tags.get(REBOOT_STATE_TAG) == "pending" and await self._rebooted_since(
+                req.node, tags.get(REBOOT_FROM_TAG) or None):
+            await self._aws("tag instance", self.ec2.create_tags, Resources=[iid],
+                            Tags=[{"Key": REBOOT_STATE_TAG, "Value": "sent"}])
+            return c.RebootResult(instance_id=iid, rebooted=True)
+        from_boot, _ = self._boot_state(n)
         await self._aws("tag instance", self.ec2.create_tags, Resources=[iid], Tags=[
-            {"Key": REBOOT_KEY_TAG, "Value": req.idempotency_key[:255]}, {"Key": REBOOT_STATE_TAG, "Value": "pending"}])
+            {"Key": REBOOT_KEY_TAG, "Value": req.idempotency_key[:255]}, {"Key": REBOOT_STATE_TAG, "Value": "pending"},
+            {"Key": REBOOT_FROM_TAG, "Value": (from_boot or "")[:255]}])
         await self._aws("reboot instance", self.ec2.reboot_instances, InstanceIds=[iid])
         await self._aws("tag instance", self.ec2.create_tags, Resources=[iid],
                         Tags=[{"Key": REBOOT_STATE_TAG, "Value": "sent"}])

@@ -441,10 +441,18 @@ class FakeKube:
                 "NodeStatusUnknown", "lastTransitionTime": now_iso()}
         self.patch("Node", "", name, {"status": {"conditions": [cond]}}, "strategic", subresource="status")
 
-    def add_node(self, name: str, labels: dict | None = None, provider_id: str | None = None) -> dict:
+    def add_node(self, name: str, labels: dict | None = None, provider_id: str | None = None,
+                 boot_id: str | None = None) -> dict:
+        status = {"conditions": [{"type": "Ready", "status": "True"}]}
+        if boot_id:
+            status["nodeInfo"] = _node_info(name, boot_id)
         return self.put("Node", {"metadata": {"name": name, "labels": labels or {}},
-                                 "spec": {"providerID": provider_id} if provider_id else {},
-                                 "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+                                 "spec": {"providerID": provider_id} if provider_id else {}, "status": status})
+
+    def set_boot_id(self, name: str, boot_id: str) -> None:
+        """What the kubelet reports after a reboot: a new status.nodeInfo.bootID."""
+        self.patch("Node", "", name, {"status": {"nodeInfo": _node_info(name, boot_id)}}, "strategic",
+                   subresource="status")
 
     def add_pod(self, name: str, node: str, labels: dict | None = None, namespace: str = "default",
                 owner_kind: str | None = None, annotations: dict | None = None, ready: bool = True) -> dict:
@@ -472,6 +480,13 @@ class FakeKube:
     def close(self) -> None:
         for t in self._timers:
             t.cancel()
+
+
+def _node_info(name: str, boot_id: str) -> dict:
+    """status.nodeInfo as a kubelet fills it (the client's model needs every field)."""
+    return {"architecture": "amd64", "bootID": boot_id, "containerRuntimeVersion": "containerd://1.7.20",
+            "kernelVersion": "6.8.0-gpuheal", "kubeProxyVersion": "v1.31.0", "kubeletVersion": "v1.31.0",
+            "machineID": name, "operatingSystem": "linux", "osImage": "gpuheal fake node", "systemUUID": name}
 
 
 POD_READY = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}

@@ -151,6 +151,7 @@ class SimHost:
             self.fleet.kube.set_node_ready(self.name, False)
             self.acted_on("reboot")
             self.boots += 1
+            self.fleet.kube.set_boot_id(self.name, f"{self.name}-boot-{self.boots}")
             self.fleet.kube.set_node_ready(self.name, True)
             self.agent = self.new_agent()
 
@@ -222,7 +223,8 @@ class SimulatedFleet:
                 TagSpecifications=[{"ResourceType": "instance", "Tags": [
                     {"Key": "gpuheal.io/managed", "Value": "true"}, {"Key": "Name", "Value": name}]}])[
                 "Instances"][0]["InstanceId"]
-            self.kube.add_node(name, labels={"nvidia.com/gpu.present": "true"}, provider_id=f"aws:///us-east-1a/{iid}")
+            self.kube.add_node(name, labels={"nvidia.com/gpu.present": "true"}, provider_id=f"aws:///us-east-1a/{iid}",
+                               boot_id=f"{name}-boot-1")
             root = self.tmp / name
             (root / "proc/sys/kernel/random").mkdir(parents=True)
             host = SimHost(name, self, iid, root, SimulatedNvml(name, sc.fleet.gpus_per_node, sc.fleet.generation))

@@ -6,7 +6,13 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities import contracts as c
-from activities.cloud import REBOOT_STATE_TAG, CloudActivities, instance_id_from_provider_id
+from activities.cloud import (
+    REBOOT_FROM_TAG,
+    REBOOT_KEY_TAG,
+    REBOOT_STATE_TAG,
+    CloudActivities,
+    instance_id_from_provider_id,
+)
 from sim.fake_kube import FakeKubeServer
 
 OWNED = [{"Key": "gpuheal.io/managed", "Value": "true"}]
@@ -67,6 +73,44 @@ async def test_reboot_once_per_key(cloud):
     tags = {t["Key"]: t["Value"] for t in ec2.describe_tags(Filters=[{"Name": "resource-id", "Values": [iid]}])["Tags"]}
     assert tags[REBOOT_STATE_TAG] == "sent"
     assert (await run(acts.reboot, c.RebootRequest(node="n1", idempotency_key="ep1/reboot/2"))).rebooted
+
+
+def count_reboots(ec2) -> list:
+    sent = []
+    ec2.meta.events.register("provide-client-params.ec2.RebootInstances", lambda params, **kw: sent.append(params["InstanceIds"]))
+    return sent
+
+
+async def test_reboot_cut_off_before_marked_sent_is_not_sent_again(cloud):
+    """A controller killed between RebootInstances and the `sent` tag: the retry sees the node's
+    new boot id (or it not Ready) and marks the reboot sent instead of rebooting again."""
+    acts, instance, ec2, _, kube = cloud
+    iid = instance("n1")
+    kube.set_boot_id("n1", "boot-a")
+    ec2.create_tags(Resources=[iid], Tags=[{"Key": REBOOT_KEY_TAG, "Value": "ep1/reboot/1"},
+                                           {"Key": REBOOT_STATE_TAG, "Value": "pending"},
+                                           {"Key": REBOOT_FROM_TAG, "Value": "boot-a"}])
+    kube.set_boot_id("n1", "boot-b")  # the reboot that attempt sent has happened
+    sent = count_reboots(ec2)
+    r = await run(acts.reboot, c.RebootRequest(node="n1", idempotency_key="ep1/reboot/1"))
+    assert r.rebooted and sent == []
+    tags = {t["Key"]: t["Value"] for t in ec2.describe_tags(Filters=[{"Name": "resource-id", "Values": [iid]}])["Tags"]}
+    assert tags[REBOOT_STATE_TAG] == "sent"
+
+
+async def test_reboot_pending_without_a_sign_is_sent(cloud):
+    """Cut off before the reboot went out: no new boot id, still Ready: it is sent now, once."""
+    acts, instance, ec2, _, kube = cloud
+    iid = instance("n1")
+    kube.set_boot_id("n1", "boot-a")
+    ec2.create_tags(Resources=[iid], Tags=[{"Key": REBOOT_KEY_TAG, "Value": "ep1/reboot/1"},
+                                           {"Key": REBOOT_STATE_TAG, "Value": "pending"},
+                                           {"Key": REBOOT_FROM_TAG, "Value": "boot-a"}])
+    sent = count_reboots(ec2)
+    r = await run(acts.reboot, c.RebootRequest(node="n1", idempotency_key="ep1/reboot/1"))
+    assert r.rebooted and sent == [[iid]]
+    again = await run(acts.reboot, c.RebootRequest(node="n1", idempotency_key="ep1/reboot/1"))
+    assert not again.rebooted and sent == [[iid]]
 
 
 async def test_unowned_instance_is_refused(cloud):
