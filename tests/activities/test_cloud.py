@@ -75,6 +75,14 @@ async def test_reboot_once_per_key(cloud):
     assert (await run(acts.reboot, c.RebootRequest(node="n1", idempotency_key="ep1/reboot/2"))).rebooted
 
 
+def cut_off_after_pending(ec2, kube, iid: str, node: str) -> None:
+    """What an attempt leaves when it dies right after tagging its reboot pending (from boot-a)."""
+    kube.set_boot_id(node, "boot-a")
+    ec2.create_tags(Resources=[iid], Tags=[{"Key": REBOOT_KEY_TAG, "Value": "ep1/reboot/1"},
+                                           {"Key": REBOOT_STATE_TAG, "Value": "pending"},
+                                           {"Key": REBOOT_FROM_TAG, "Value": "boot-a"}])
+
+
 def count_reboots(ec2) -> list:
     sent = []
     ec2.meta.events.register("provide-client-params.ec2.RebootInstances", lambda params, **kw: sent.append(params["InstanceIds"]))
@@ -86,10 +94,7 @@ async def test_reboot_cut_off_before_marked_sent_is_not_sent_again(cloud):
     new boot id (or it not Ready) and marks the reboot sent instead of rebooting again."""
     acts, instance, ec2, _, kube = cloud
     iid = instance("n1")
-    kube.set_boot_id("n1", "boot-a")
-    ec2.create_tags(Resources=[iid], Tags=[{"Key": REBOOT_KEY_TAG, "Value": "ep1/reboot/1"},
-                                           {"Key": REBOOT_STATE_TAG, "Value": "pending"},
-                                           {"Key": REBOOT_FROM_TAG, "Value": "boot-a"}])
+    cut_off_after_pending(ec2, kube, iid, "n1")
     kube.set_boot_id("n1", "boot-b")  # the reboot that attempt sent has happened
     sent = count_reboots(ec2)
     r = await run(acts.reboot, c.RebootRequest(node="n1", idempotency_key="ep1/reboot/1"))
@@ -102,10 +107,7 @@ async def test_reboot_pending_without_a_sign_is_sent(cloud):
     """Cut off before the reboot went out: no new boot id, still Ready: it is sent now, once."""
     acts, instance, ec2, _, kube = cloud
     iid = instance("n1")
-    kube.set_boot_id("n1", "boot-a")
-    ec2.create_tags(Resources=[iid], Tags=[{"Key": REBOOT_KEY_TAG, "Value": "ep1/reboot/1"},
-                                           {"Key": REBOOT_STATE_TAG, "Value": "pending"},
-                                           {"Key": REBOOT_FROM_TAG, "Value": "boot-a"}])
+    cut_off_after_pending(ec2, kube, iid, "n1")
     sent = count_reboots(ec2)
     r = await run(acts.reboot, c.RebootRequest(node="n1", idempotency_key="ep1/reboot/1"))
     assert r.rebooted and sent == [[iid]]
