@@ -14,6 +14,7 @@ from temporalio import activity
 
 from activities import contracts as c
 from activities.errors import INVALID_REQUEST, NO_EFFECT, NODE_GONE, NOT_OWNED, PERMISSION_DENIED, fail
+from activities.kube import call_api
 
 _PROVIDER_ID = re.compile(r"^aws:///(?P<zone>[^/]+)/(?P<id>i-[0-9a-f]+)$")
 REBOOT_KEY_TAG = "gpuheal.io/reboot-key"
@@ -47,7 +48,7 @@ class CloudActivities:
 
     async def _read_node(self, node: str) -> client.V1Node:
         try:
-            return await asyncio.to_thread(self.core.read_node, node)
+            return await call_api(self.core.read_node, node)
         except ApiException as err:
             if err.status == 404:
                 raise fail(NODE_GONE, f"node {node} not found") from None
@@ -145,7 +146,7 @@ class CloudActivities:
         if req.mode == "karpenter":
             # Karpenter replaces capacity whose Node (and NodeClaim) is deleted.
             try:
-                await asyncio.to_thread(self.core.delete_node, req.node)
+                await call_api(self.core.delete_node, req.node)
             except ApiException as err:
                 if err.status != 404:
                     raise

@@ -28,6 +28,22 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
+async def call_api(fn: Callable, *args, retry_on=TRANSIENT, **kwargs):
+    """A blocking kubernetes-client call off the event loop. A throttled (429), failing (5xx) or
+    dropped call is tried again a few times here, as client-go does, so that one flaky request
+    does not cost a whole activity attempt."""
+    for attempt in range(CALL_TRIES):
+        try:
+            return await asyncio.to_thread(fn, *args, **kwargs)
+        except ApiException as err:
+            if err.status not in retry_on or attempt == CALL_TRIES - 1:
+                raise
+        except (urllib3.exceptions.HTTPError, ConnectionError):
+            if attempt == CALL_TRIES - 1:
+                raise
+        await asyncio.sleep(min(2.0, 0.1 * 2**attempt))
+
+
 class KubeActivities:
     """Holds its client; the worker builds it from in-cluster config or a kubeconfig."""
 
@@ -39,20 +55,11 @@ class KubeActivities:
 
     # --- plumbing ------------------------------------------------------------------------------
     async def _call(self, verb: str, resource: str, fn: Callable, *args, retry_on=TRANSIENT, **kwargs):
-        """One API call off the event loop, its failure mapped to what a retry can and cannot fix.
-
-        A throttled (429), failing (5xx) or dropped call is tried again a few times here, as
-        client-go does, so that one flaky request does not cost the whole activity attempt."""
-        for attempt in range(CALL_TRIES):
-            try:
-                return await asyncio.to_thread(fn, *args, **kwargs)
-            except ApiException as err:
-                if err.status not in retry_on or attempt == CALL_TRIES - 1:
-                    self._raise_mapped(verb, resource, err)
-            except (urllib3.exceptions.HTTPError, ConnectionError):
-                if attempt == CALL_TRIES - 1:
-                    raise
-            await asyncio.sleep(min(2.0, 0.1 * 2**attempt))
+        """One API call off the event loop, its failure mapped to what a retry can and cannot fix."""
+        try:
+            return await call_api(fn, *args, retry_on=retry_on, **kwargs)
+        except ApiException as err:
+            self._raise_mapped(verb, resource, err)
 
     @staticmethod
     def _raise_mapped(verb: str, resource: str, err: ApiException):

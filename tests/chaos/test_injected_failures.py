@@ -4,10 +4,13 @@ way it would on healthy APIs, and no eviction breaks a budget."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
 from sim.fleet import SimulatedFleet
 from tests.chaos.conftest import outcome, scenario
+from workflows.node_remediation import NodeRemediation, remediation_workflow_id
 
 SCENARIO = """
 name: injected-failures
@@ -29,6 +32,10 @@ EXPECTED = {"gpu-node-0": ("returned", ["reset"]), "gpu-node-1": ("returned", ["
 @pytest.mark.timeout(300)
 async def test_every_episode_completes_with_30_percent_of_calls_failing(server, aws_proxy, moto_url, aws):
     sc, policy = scenario(SCENARIO)
+    # Throttled EC2 calls back off for seconds (boto3's own retries): give the cloud rungs the time
+    # a real one has, rather than the scaled scenario's 10 s floor.
+    for rung in ("kill", "reset", "reboot", "replace"):
+        policy.ladder.for_rung(rung).action_timeout = timedelta(minutes=2)
     aws_proxy.rate = 0.3
     fleet = SimulatedFleet(sc, policy, server.client, task_queue="chaos-faults", cluster="chaos-faults")
     async with fleet.running(moto_url, controller_aws_url=aws_proxy.url):
@@ -38,8 +45,11 @@ async def test_every_episode_completes_with_30_percent_of_calls_failing(server, 
         await fleet.play(deadline_s=240)
         kube_requests = len(fleet.kube.requests)
         results = {n: await outcome(server.client, n) for n in EXPECTED}
+        steps = {n: [f"{a.step} {'ok' if a.ok else 'FAILED'} {a.detail}"[:160] for a in (await server.client.get_workflow_handle(
+            remediation_workflow_id(n)).query(NodeRemediation.status)).actions] for n in EXPECTED}
     assert kube_requests >= 30
-    assert {n: (r.outcome, [x.value for x in r.rungs]) for n, r in results.items()} == EXPECTED
+    got = {n: (r.outcome, [x.value for x in r.rungs]) for n, r in results.items()}
+    assert got == EXPECTED, {n: steps[n] for n in EXPECTED if got[n] != EXPECTED[n]}
     total = len(aws_proxy.calls)
     bad = sum(c.outcome != "forwarded" for c in aws_proxy.calls)
     assert total >= 10 and bad >= 3 and 0.1 <= bad / total <= 0.6, (bad, total)  # the proxy did refuse ~30%
