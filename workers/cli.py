@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from policies.loader import PolicyError, load_policy
-from workers.telemetry import METRICS_HELP, TRACING_HELP, TelemetryError, configure_logging
+from workers.telemetry import METRICS_HELP, TRACING_HELP, FlagError, configure_logging
 
 
 def _print_json(doc) -> None:
@@ -121,7 +121,7 @@ def _serve(args, body) -> int:
     async def run() -> int:
         try:
             client = await connect(opts=_temporal_options(args, f"gpuheal-{args.command}"))
-        except (TelemetryError, ValueError):
+        except FlagError:
             raise
         except Exception as err:  # noqa: BLE001 - one line, not a stack trace
             print(f"gpuheal {args.command}: cannot reach Temporal at {_address(args)}: {err}", file=sys.stderr)
@@ -305,7 +305,7 @@ def _operator(args, work) -> int:
     async def go():
         try:
             client = await connect(opts=_temporal_options(args, "gpuheal-cli"))
-        except (TelemetryError, ValueError):
+        except FlagError:
             raise
         except Exception as err:  # noqa: BLE001 - one line, not a stack trace
             raise OperatorError(f"cannot reach Temporal at {_address(args)}: {err}") from None
@@ -512,9 +512,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(args.log_level, args.log_format)
     try:
         return args.func(args)
-    except (TelemetryError, ValueError) as err:  # a bad --metrics/--tracing/TLS flag: one line
-        if not isinstance(err, TelemetryError) and "--tls" not in str(err):
-            raise
+    except FlagError as err:  # a bad --metrics/--tracing/TLS flag: one line
         print(f"gpuheal {args.command}: {err}", file=sys.stderr)
         return 2
 

@@ -20,8 +20,8 @@ TRACING_HELP = "otlp://HOST:PORT (OTLP over HTTP), console (stderr), or none"  #
 HISTOGRAM_BUCKETS = {"gpuheal_detect_to_cordon": [10, 25, 50, 100, 150, 200, 250, 500, 1000, 2500, 10000, 60000]}
 
 
-class TelemetryError(ValueError):
-    """A metrics or tracing flag that names no known sink."""
+class FlagError(ValueError):
+    """A connection, metrics or tracing flag that cannot be used as given (one line, exit 2)."""
 
 
 def make_runtime(metrics: str | None):
@@ -38,7 +38,7 @@ def make_runtime(metrics: str | None):
         url = metrics if scheme != "otlp" else f"http://{where}"
         return Runtime(telemetry=TelemetryConfig(metrics=OpenTelemetryConfig(
             url=url, histogram_bucket_overrides=HISTOGRAM_BUCKETS)))
-    raise TelemetryError(f"--metrics {metrics!r}: expected {METRICS_HELP}")
+    raise FlagError(f"--metrics {metrics!r}: expected {METRICS_HELP}")
 
 
 def tracing_interceptors(tracing: str | None, service: str, exporter=None) -> list:
@@ -63,7 +63,7 @@ def tracing_interceptors(tracing: str | None, service: str, exporter=None) -> li
         endpoint = f"http://{tracing.removeprefix('otlp://')}/v1/traces"
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
     else:
-        raise TelemetryError(f"--tracing {tracing!r}: expected {TRACING_HELP}")
+        raise FlagError(f"--tracing {tracing!r}: expected {TRACING_HELP}")
     return [TracingInterceptor(provider.get_tracer("gpuheal"))]
 
 

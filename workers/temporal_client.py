@@ -48,7 +48,7 @@ def connect_config(opts: TemporalOptions) -> dict:
         conf["api_key"], conf["tls"] = opts.api_key, conf.get("tls") or True
     if opts.tls_ca or opts.tls_cert or opts.tls_key or opts.tls_server_name:
         if bool(opts.tls_cert) != bool(opts.tls_key):
-            raise ValueError("--tls-cert and --tls-key go together (mutual TLS)")
+            raise telemetry.FlagError("--tls-cert and --tls-key go together (mutual TLS)")
         read = lambda p: Path(p).read_bytes() if p else None  # noqa: E731
         conf["tls"] = TLSConfig(server_root_ca_cert=read(opts.tls_ca), client_cert=read(opts.tls_cert),
                                 client_private_key=read(opts.tls_key), domain=opts.tls_server_name)

@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,16 +19,11 @@ from temporalio.testing import WorkflowEnvironment
 from sim.fault_proxy import AwsFaultProxy
 from sim.fleet import SimulatedFleet
 from sim.scenario import load_scenario
+from tests.net import free_port
 from workers.embedded_temporal import binary, search_attribute_flags
 from workflows.node_remediation import RemediationResult, remediation_workflow_id
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class DevServer:

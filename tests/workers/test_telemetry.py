@@ -3,7 +3,6 @@ spans through the tracing interceptor, JSON logs with node and workflow id, Temp
 
 import json
 import logging
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -14,16 +13,11 @@ from temporalio.service import TLSConfig
 
 from policies.findings import Finding
 from policies.loader import default_policy
+from tests.net import free_port
 from tests.workflows.fakes import FakeFleet, FakeNode, xid
 from workers import telemetry
 from workers.temporal_client import TemporalOptions, connect, connect_config
 from workflows.node_remediation import RemediationResult
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def scrape(port: int) -> str:
@@ -99,7 +93,7 @@ def test_env_config_then_flags(monkeypatch, tmp_path):
     conf = connect_config(TemporalOptions(address="other:7233", tls_ca=str(ca), tls_cert=str(cert), tls_key=str(key)))
     assert conf["target_host"] == "other:7233" and isinstance(conf["tls"], TLSConfig)
     assert conf["tls"].client_cert.endswith(b"cert.pem\n") and conf["tls"].server_root_ca_cert.endswith(b"ca.pem\n")
-    with pytest.raises(ValueError, match="--tls-cert and --tls-key go together"):
+    with pytest.raises(telemetry.FlagError, match="--tls-cert and --tls-key go together"):
         connect_config(TemporalOptions(tls_cert=str(cert)))
     monkeypatch.setenv("TEMPORAL_API_KEY", "k")
     assert connect_config(TemporalOptions())["tls"] is True
