@@ -66,15 +66,18 @@ class CloudActivities:
         return boot, ready
 
     async def _rebooted_since(self, node: str, from_boot: str | None) -> bool:
-        """Whether the node shows a reboot after the one an earlier attempt may have sent: its boot
-        id moved on or it is not Ready. Waits a while (a third of the attempt's time, at most a
-        minute) for the signs, since a reboot takes a moment to show."""
+        """Whether the kubelet reports a boot id moved on from the one an earlier attempt rebooted
+        from. Only that proves the reboot: a node that was hung (NotReady) before it was ever sent
+        would otherwise be rebooted by nobody. Waits a while (a third of the attempt's time, at most
+        a minute) for the sign, since a reboot takes a moment to show."""
+        if not from_boot:
+            return False  # nothing to compare with: no proof, so the reboot is sent
         info = activity.info()
         budget = min(60.0, (info.start_to_close_timeout or timedelta(minutes=3)).total_seconds() / 3)
         deadline = time.monotonic() + budget
         while True:
-            boot, ready = self._boot_state(await self._read_node(node))
-            if (from_boot and boot and boot != from_boot) or not ready:
+            boot, _ = self._boot_state(await self._read_node(node))
+            if boot and boot != from_boot:
                 return True
             if time.monotonic() >= deadline:
                 return False
@@ -168,8 +171,14 @@ class CloudActivities:
 
     # --- boot id (when the agent is gone) ------------------------------------------------------
     @activity.defn(name=c.CLOUD_BOOT_ID)
-    async def boot_id(self, req: c.BootIdRequest) -> str:
-        iid = await self._instance_id(req.node)
+    async def boot_id(self, req: c.BootIdRequest) -> str | None:
+        """The node's boot id without its agent: the kubelet's (status.nodeInfo.bootID) when it
+        reports one, else read on the instance through SSM. None when neither can tell."""
+        n = await self._read_node(req.node)
+        boot, _ = self._boot_state(n)
+        if boot:
+            return boot
+        iid = instance_id_from_provider_id(n.spec.provider_id)
         sent = await self._aws("ssm send-command", self.ssm.send_command, InstanceIds=[iid],
                                DocumentName="AWS-RunShellScript",
                                Parameters={"commands": ["cat /proc/sys/kernel/random/boot_id"]})
@@ -180,7 +189,7 @@ class CloudActivities:
             if out["Status"] in ("Success", "Failed", "Cancelled", "TimedOut"):
                 if out["Status"] != "Success":
                     raise RuntimeError(f"SSM command {cid} ended {out['Status']}")
-                return out.get("StandardOutputContent", "").strip()
+                return out.get("StandardOutputContent", "").strip() or None
             activity.heartbeat(out["Status"])
             await asyncio.sleep(1)
         raise RuntimeError(f"SSM command {cid} did not finish")

@@ -17,6 +17,7 @@ KUBE_ATTRIBUTE_PODS = "kube.attribute_pods"
 KUBE_DRAIN = "kube.drain"
 KUBE_EVENT = "kube.event"
 KUBE_FLEET_SIZE = "kube.fleet_size"
+KUBE_CHECK_NODE = "kube.check_node"
 CLOUD_REBOOT = "cloud.reboot"
 CLOUD_REPLACE = "cloud.replace"
 CLOUD_BOOT_ID = "cloud.boot_id"
@@ -24,6 +25,7 @@ NODE_KILL = "node.kill_gpu_processes"
 NODE_RESET = "node.reset_gpu"
 NODE_VALIDATE = "node.validate"
 NODE_BOOT_ID = "node.boot_id"
+NODE_GPU_PODS = "node.gpu_pods"
 LEDGER_RECORD = "ledger.record"
 LEDGER_COUNT_RECENT = "ledger.count_recent"
 LEDGER_DENYLIST = "ledger.denylist"
@@ -71,15 +73,31 @@ class ReturnToServiceResult(BaseModel):
     dry_run: bool = False
 
 
+class NodeCheckRequest(_Request):
+    pass
+
+
+class NodeCheckResult(BaseModel):
+    exists: bool
+    ours: bool = Field(description="The node matches the controller's GPU node selector (or there is none).")
+    reason: str = ""
+
+
+UNAFFECTED = "unaffected"  # the attribution mark of a pod whose GPUs did not fail
+
+
 class AttributePodsRequest(_Request):
     attribution: Attribution
     fault: str
-    gpus: list[int] = Field(default_factory=list, description="Only pods on these GPUs when known; empty: all GPU pods.")
+    gpus: list[int] = Field(default_factory=list, description="The GPUs that failed; empty: the fault is node-wide.")
+    pod_gpus: dict[str, list[int]] | None = Field(
+        default=None, description="'uid:<pod uid>' -> GPUs its processes use (the node's view); None: unknown.")
     episode: str
 
 
 class AttributePodsResult(BaseModel):
-    pods: list[str] = Field(default_factory=list, description="namespace/name of each annotated pod.")
+    pods: list[str] = Field(default_factory=list, description="namespace/name of each pod marked with the attribution.")
+    unaffected: list[str] = Field(default_factory=list, description="Pods whose GPUs did not fail, marked `unaffected`.")
 
 
 class DrainRequest(_Request):
@@ -95,6 +113,8 @@ class DrainResult(BaseModel):
     evicted: list[str] = Field(default_factory=list)
     forced: list[str] = Field(default_factory=list)
     remaining: list[str] = Field(default_factory=list, description="Pods still there at the deadline (escalate).")
+    lingering: list[str] = Field(default_factory=list,
+                                 description="Evicted pods still present after their grace period ran out.")
     pdb_blocked: int = Field(default=0, description="Eviction attempts answered 429 by a PodDisruptionBudget.")
     timed_out: bool = False
     dry_run: bool = False
@@ -171,6 +191,15 @@ class ValidationResult(BaseModel):
 
 class BootIdRequest(_Request):
     pass
+
+
+class GpuPodsRequest(_Request):
+    pass
+
+
+class GpuPodsResult(BaseModel):
+    pod_gpus: dict[str, list[int]] = Field(default_factory=dict,
+                                           description="'uid:<pod uid>' -> the GPUs its processes run on.")
 
 
 # --- ledger -------------------------------------------------------------------------------------

@@ -18,9 +18,11 @@ from activities.errors import NO_EFFECT, NODE_GONE, PERMISSION_DENIED, fail
 ATTRIBUTION_ANNOTATION = "gpuheal.io/failure-attribution"
 FAULT_ANNOTATION = "gpuheal.io/fault"
 DRAIN_DEADLINE_ANNOTATION = "gpuheal.io/drain-deadline"
+DRAIN_EPISODE_ANNOTATION = "gpuheal.io/drain-episode"  # whose notice the deadline is
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 EVENT_SOURCE = "gpuheal"
 TRANSIENT = (429, 500, 502, 503, 504)
+GONE_SLACK = timedelta(seconds=5)  # past a pod's deletionTimestamp before it counts as lingering
 CALL_TRIES = 4  # per API call, for 429 / 5xx / dropped connections, before the activity attempt fails
 
 
@@ -143,6 +145,23 @@ class KubeActivities:
         if not req.dry_run:
             await self._event("Node", req.node, self.events_ns, req.reason, req.message, req.type)
 
+    @activity.defn(name=c.KUBE_CHECK_NODE)
+    async def check_node(self, req: c.NodeCheckRequest) -> c.NodeCheckResult:
+        """Whether a report names a node that exists and is one of ours, before anything is done to it."""
+        try:
+            await call_api(self.core.read_node, req.node)
+        except ApiException as err:
+            if err.status == 404:
+                return c.NodeCheckResult(exists=False, ours=False, reason=f"node {req.node} does not exist")
+            self._raise_mapped("get", f"nodes/{req.node}", err)
+        if self.gpu_node_selector:
+            found = await self._call("list", "nodes", self.core.list_node, field_selector=f"metadata.name={req.node}",
+                                     label_selector=self.gpu_node_selector)
+            if not found.items:
+                return c.NodeCheckResult(exists=True, ours=False,
+                                         reason=f"node {req.node} does not match the GPU node selector {self.gpu_node_selector}")
+        return c.NodeCheckResult(exists=True, ours=True)
+
     @activity.defn(name=c.KUBE_FLEET_SIZE)
     async def fleet_size(self) -> int:
         nodes = await self._call("list", "nodes", self.core.list_node, label_selector=self.gpu_node_selector)
@@ -157,19 +176,21 @@ class KubeActivities:
     @activity.defn(name=c.KUBE_ATTRIBUTE_PODS)
     async def attribute_pods(self, req: c.AttributePodsRequest) -> c.AttributePodsResult:
         pods = await self._pods_on(req.node)
-        touched = []
+        result = c.AttributePodsResult()
         for p in pods:
             ann = p.metadata.annotations or {}
             name = f"{p.metadata.namespace}/{p.metadata.name}"
-            touched.append(name)
-            if req.dry_run or (ann.get(ATTRIBUTION_ANNOTATION) == req.attribution and ann.get(FAULT_ANNOTATION) == req.fault):
+            mark = c.UNAFFECTED if _unaffected(p, req) else req.attribution
+            (result.unaffected if mark == c.UNAFFECTED else result.pods).append(name)
+            if req.dry_run or (ann.get(ATTRIBUTION_ANNOTATION) == mark and ann.get(FAULT_ANNOTATION) == req.fault):
                 continue
             await self._call("patch", f"pods/{name}", self.core.patch_namespaced_pod, p.metadata.name,
                              p.metadata.namespace, {"metadata": {"annotations": {
-                                 ATTRIBUTION_ANNOTATION: req.attribution, FAULT_ANNOTATION: req.fault[:256]}}})
-            await self._event("Pod", p.metadata.name, p.metadata.namespace, "GpuFailureAttributed",
-                              f"{req.attribution} fault on node {req.node}: {req.fault}", "Warning", p.metadata.uid)
-        return c.AttributePodsResult(pods=touched)
+                                 ATTRIBUTION_ANNOTATION: mark, FAULT_ANNOTATION: req.fault[:256]}}})
+            if mark != c.UNAFFECTED:
+                await self._event("Pod", p.metadata.name, p.metadata.namespace, "GpuFailureAttributed",
+                                  f"{req.attribution} fault on node {req.node}: {req.fault}", "Warning", p.metadata.uid)
+        return result
 
     @activity.defn(name=c.KUBE_DRAIN)
     async def drain(self, req: c.DrainRequest) -> c.DrainResult:
@@ -181,9 +202,19 @@ class KubeActivities:
         deadline = time.monotonic() + req.deadline_s
         backoff = 0.2
         while True:
-            pending = [p for p in await self._pods_on(req.node) if p.metadata.deletion_timestamp is None]
+            present = await self._pods_on(req.node)
+            pending = [p for p in present if p.metadata.deletion_timestamp is None]
             if not pending:
-                return result
+                # Evictions accepted is not pods gone: a pod's own shutdown runs until its grace
+                # (deletionTimestamp) has passed, and the rung after the drain must not cut it. The
+                # timestamp has whole seconds and the kubelet confirms a moment later: some slack.
+                leaving = [p for p in present if p.metadata.deletion_timestamp + GONE_SLACK > _now()]
+                if not leaving:
+                    result.lingering = [f"{p.metadata.namespace}/{p.metadata.name}" for p in present]
+                    return result
+                activity.heartbeat({"evicted": len(result.evicted), "terminating": len(leaving)})
+                await asyncio.sleep(0.2)
+                continue
             for p in pending:
                 name = f"{p.metadata.namespace}/{p.metadata.name}"
                 try:
@@ -221,13 +252,15 @@ class KubeActivities:
         deadline = _now() + timedelta(seconds=req.checkpoint_grace_s)
         latest = None
         for p in pods:
-            existing = (p.metadata.annotations or {}).get(DRAIN_DEADLINE_ANNOTATION)
-            if existing:
+            ann = p.metadata.annotations or {}
+            existing = ann.get(DRAIN_DEADLINE_ANNOTATION)
+            if existing and ann.get(DRAIN_EPISODE_ANNOTATION) == req.episode:
                 latest = max(latest or existing, existing)
-                continue
+                continue  # this episode's notice, given by an earlier attempt
             await self._call("patch", f"pods/{p.metadata.namespace}/{p.metadata.name}", self.core.patch_namespaced_pod,
                              p.metadata.name, p.metadata.namespace,
-                             {"metadata": {"annotations": {DRAIN_DEADLINE_ANNOTATION: deadline.isoformat()}}})
+                             {"metadata": {"annotations": {DRAIN_DEADLINE_ANNOTATION: deadline.isoformat(),
+                                                           DRAIN_EPISODE_ANNOTATION: req.episode[:256]}}})
             await self._event("Pod", p.metadata.name, p.metadata.namespace, "GpuDrainNotice",
                               f"node {req.node} drains at {deadline.isoformat()}: checkpoint now", "Warning",
                               p.metadata.uid)
@@ -239,6 +272,15 @@ class KubeActivities:
             activity.heartbeat("checkpoint grace")
             await asyncio.sleep(min(wait, 1.0))
             wait -= 1.0
+
+
+def _unaffected(p: client.V1Pod, req: c.AttributePodsRequest) -> bool:
+    """A pod whose processes run only on GPUs that did not fail. A pod with no process seen may
+    have lost it to the fault, so it keeps the fault's attribution (the safe side for the job)."""
+    if not req.gpus or req.pod_gpus is None:
+        return False
+    used = req.pod_gpus.get(f"uid:{p.metadata.uid}")
+    return bool(used) and not set(used) & set(req.gpus)
 
 
 def _is_daemon_or_mirror(p: client.V1Pod) -> bool:

@@ -26,6 +26,16 @@ class Ledger(Protocol):
     def denied(self, hardware_ids: list[str]) -> dict[str, str]: ...
 
 
+# Outcomes of episodes that changed nothing on the node's hardware.
+_CHANGED_NOTHING = {"dry_run", "healthy", "rejected"}
+
+
+def counts_as_remediation(attribution: str | None, rungs: list[str], outcome: str) -> bool:
+    """Only platform episodes that acted on the node count toward a repeat offender: a user's bug
+    (application), a dry run or a rejected report says nothing about the board."""
+    return attribution == "platform" and bool(rungs) and outcome not in _CHANGED_NOTHING
+
+
 class SqliteLedger:
     def __init__(self, path: str | Path):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -58,10 +68,11 @@ class SqliteLedger:
             return 0
         marks = ",".join("?" * len(hardware_ids))
         with self.lock:
-            row = self.db.execute(
-                f"SELECT COUNT(DISTINCT episode) FROM remediation_hw WHERE hardware_id IN ({marks}) "
-                "AND ended_at >= ? AND episode != ?", (*hardware_ids, since.isoformat(), exclude_episode or "")).fetchone()
-        return row[0]
+            rows = self.db.execute(
+                "SELECT DISTINCT r.episode, r.attribution, r.rungs, r.outcome FROM remediation_hw h "
+                f"JOIN remediation r ON r.episode = h.episode WHERE h.hardware_id IN ({marks}) "
+                "AND h.ended_at >= ? AND h.episode != ?", (*hardware_ids, since.isoformat(), exclude_episode or "")).fetchall()
+        return sum(1 for _, attribution, rungs, outcome in rows if counts_as_remediation(attribution, json.loads(rungs), outcome))
 
     def deny(self, hardware_ids: list[str], node: str, reason: str) -> list[str]:
         added = []
@@ -108,9 +119,10 @@ class DynamoLedger:
     def record(self, rec: c.RemediationRecord) -> bool:
         first = self._put_new({"pk": {"S": f"EP#{rec.episode}"}, "sk": {"S": "record"},
                                "body": {"S": rec.model_dump_json()}})
+        counts = counts_as_remediation(rec.attribution, rec.rungs, rec.outcome)
         for h in rec.hardware_ids:
             self._put_new({"pk": {"S": f"HW#{h}"}, "sk": {"S": f"{rec.ended_at.isoformat()}#{rec.episode}"},
-                           "episode": {"S": rec.episode}})
+                           "episode": {"S": rec.episode}, "counts": {"BOOL": counts}})
         return first
 
     def count_recent(self, hardware_ids: list[str], since: datetime, exclude_episode: str | None) -> int:
@@ -118,7 +130,9 @@ class DynamoLedger:
         for h in hardware_ids:
             pages = self.ddb.get_paginator("query").paginate(
                 TableName=self.table, KeyConditionExpression="pk = :pk AND sk >= :since",
-                ExpressionAttributeValues={":pk": {"S": f"HW#{h}"}, ":since": {"S": since.isoformat()}})
+                FilterExpression="#counts = :yes", ExpressionAttributeNames={"#counts": "counts"},
+                ExpressionAttributeValues={":pk": {"S": f"HW#{h}"}, ":since": {"S": since.isoformat()},
+                                           ":yes": {"BOOL": True}})
             episodes |= {i["episode"]["S"] for page in pages for i in page["Items"]}
         episodes.discard(exclude_episode)
         return len(episodes)

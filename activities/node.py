@@ -29,7 +29,7 @@ class NodeActivities:
 
     def activities(self) -> list:
         """What the node's worker registers on node/<name>."""
-        return [self.kill_gpu_processes, self.reset_gpu, self.validate, self.boot_id]
+        return [self.kill_gpu_processes, self.reset_gpu, self.validate, self.boot_id, self.gpu_pods]
 
     # --- processes -----------------------------------------------------------------------------
     def gpu_processes(self, gpus: list[int]) -> list[c.GpuProcess]:
@@ -46,6 +46,16 @@ class NodeActivities:
             return out
         finally:
             nv.nvmlShutdown()
+
+    @activity.defn(name=c.NODE_GPU_PODS)
+    async def gpu_pods(self, req: c.GpuPodsRequest) -> c.GpuPodsResult:
+        """Which pod runs on which GPUs, from the GPUs' processes and their cgroups: what tells a
+        failed GPU's job from its neighbours on the same node."""
+        used: dict[str, set[int]] = {}
+        for p in await asyncio.to_thread(self.gpu_processes, []):
+            if p.pod is not None:
+                used.setdefault(p.pod, set()).add(p.gpu_index)
+        return c.GpuPodsResult(pod_gpus={pod: sorted(g) for pod, g in used.items()})
 
     def _pod_of(self, pid: int) -> str | None:
         """The pod uid from the process's cgroup path (kubepods.slice/...pod<uid>...)."""

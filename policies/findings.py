@@ -56,6 +56,10 @@ class Finding(BaseModel):
     recovery_action: RecoveryAction | None = None
     fatal: bool | None = Field(default=None, description="From NVLink5 subcodes (Fatal/Nonfatal) or the probe.")
     message: str = Field(default="", max_length=2000)
+    event_id: str | None = Field(
+        default=None, max_length=128,
+        description="Identity of the one-shot event (kernel-log record, NVML event) behind the finding: a re-send "
+                    "of a held event carries the same id. None: a condition, probed afresh each poll.")
 
     def label(self) -> str:
         """Short human text: "Xid 79 on GPU 2"."""
@@ -77,6 +81,8 @@ class GpuIds(BaseModel):
 
 
 MAX_FINDINGS = 512
+# Node-wide findings that point at the machine itself (not at a probe, a condition or a GPU).
+NODE_HARDWARE_KINDS = {FindingKind.NIC_PORTS_DOWN, FindingKind.PCIE_DEGRADED, FindingKind.GPU_COUNT_MISMATCH}
 
 
 class HealthReport(BaseModel):
@@ -104,6 +110,23 @@ class HealthReport(BaseModel):
         ids |= {f.uuid for f in self.findings if f.uuid} | {f.serial for f in self.findings if f.serial}
         if self.instance_host_id:
             ids.add(self.instance_host_id)
+        return sorted(ids)
+
+    def implicated_ids(self, findings: list[Finding]) -> list[str]:
+        """The immutable ids of the hardware these findings name: the GPU of a GPU finding (uuid and
+        serial), the instance for a node-wide hardware finding. What a replacement may denylist."""
+        by_index = {g.index: g for g in self.gpus}
+        by_uuid = {g.uuid: g for g in self.gpus}
+        ids: set[str] = set()
+        for f in findings:
+            gpu = by_uuid.get(f.uuid) if f.uuid else None
+            gpu = gpu or (by_index.get(f.gpu_index) if f.gpu_index is not None else None)
+            if gpu is not None:
+                ids |= {gpu.uuid, *([gpu.serial] if gpu.serial else [])}
+            elif f.uuid or f.serial:
+                ids |= {i for i in (f.uuid, f.serial) if i}
+            elif f.kind in NODE_HARDWARE_KINDS and self.instance_host_id:
+                ids.add(self.instance_host_id)
         return sorted(ids)
 
     def fingerprint(self) -> tuple:

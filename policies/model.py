@@ -257,6 +257,10 @@ class Policy(_Strict):
     probation: Duration = Field(
         default=timedelta(minutes=30), description="After return to service, a new fault within this escalates to the rung above."
     )
+    pause_releases_lease_after: Duration = Field(
+        default=timedelta(hours=1),
+        description="An episode paused longer than this gives its disruption lease back (taken again on resume).",
+    )
     dry_run: bool = Field(default=False, description="Record what would be done, change nothing.")
     replacement: Literal["auto", "ec2", "karpenter"] = Field(
         default="auto", description="auto: the Auto Scaling group when the instance has one, else EC2 terminate; karpenter: delete the NodeClaim."

@@ -17,7 +17,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
@@ -37,8 +37,8 @@ MERGE_KEYS = {"conditions": ("type",), "taints": ("key", "effect"), "containers"
 WATCH_LOG_LIMIT = 10000
 
 
-def now_iso() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def now_iso(plus_seconds: float = 0) -> str:
+    return (datetime.now(UTC) + timedelta(seconds=plus_seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class ApiError(Exception):
@@ -358,7 +358,10 @@ class FakeKube:
             cur = self.get(kind, namespace, name)
             if kind == "Pod" and grace_seconds:
                 if "deletionTimestamp" not in cur["metadata"]:
-                    cur["metadata"].update(deletionTimestamp=now_iso(), deletionGracePeriodSeconds=grace_seconds)
+                    # As the API server's graceful deletion (registry/rest/delete.go): the timestamp
+                    # is now + the grace period, the time by which the pod is to be gone.
+                    cur["metadata"].update(deletionTimestamp=now_iso(grace_seconds),
+                                           deletionGracePeriodSeconds=grace_seconds)
                     self.objects[(kind, namespace, name)] = cur
                     self._bump(kind, cur, "MODIFIED")
                     t = threading.Timer(grace_seconds, self._finish_delete, args=(kind, namespace, name))

@@ -113,10 +113,10 @@ class SimHost:
         self.injected = True
 
     def cure(self) -> None:
+        # The probed conditions clear; the agent keeps holding the kernel-log event it saw and
+        # re-sends it, as on a real host (only a reboot starts a fresh log).
         self.nv.clear()
         write_ib_ports(self.sysfs, [PORT_UP] * 8)
-        if self.agent is not None:
-            self.agent.events.clear()
         if self.recurs_left > 0:
             self.recurs_left -= 1
             self.await_uncordon = True
@@ -169,11 +169,16 @@ class SimulatedFleet:
     _pods_made: int = 0
 
     def agent_config(self, host: SimHost) -> AgentConfig:
+        """The agent's production timings on the scenario's clock, so scenarios see its re-sends and
+        held events where production would (the poll no faster than the fleet's beat)."""
         probe = ProbeConfig(expected_gpus=self.scenario.fleet.gpus_per_node, generation=self.scenario.fleet.generation,
                             nics=NicExpectation(), sysfs_infiniband=host.sysfs, require_nvidia_smi=False)
+        defaults, scale = AgentConfig(node=host.name, policy=self.policy), self.scenario.time_scale
         return AgentConfig(node=host.name, policy=self.policy, cluster=self.cluster, task_queue=self.task_queue,
-                           generation=self.scenario.fleet.generation, probe=probe, poll_interval_s=self.poll_s,
-                           persist_polls=1, resend_interval_s=60, kmsg=None, admit_on_start=False)
+                           generation=self.scenario.fleet.generation, probe=probe,
+                           poll_interval_s=max(self.poll_s, defaults.poll_interval_s * scale),
+                           persist_polls=1, resend_interval_s=defaults.resend_interval_s * scale,
+                           event_hold_s=defaults.event_hold_s * scale, kmsg=None, admit_on_start=False)
 
     @contextlib.asynccontextmanager
     async def running(self, moto_url: str, controller: bool = True, controller_aws_url: str | None = None):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -62,10 +63,16 @@ class Agent:
         self.signals = 0
         self.kmsg = KmsgFollower(config.kmsg) if config.kmsg is not None else None
         self.announce = True  # first cycle after (re)start: an open episode must hear of this boot
+        # Event ids: seeded from the wall clock so a restarted agent never reuses one.
+        self._event_ids = itertools.count(time.time_ns() // 1000)
 
     def add_events(self, findings: list[Finding]) -> None:
+        """One-shot events (an Xid, a DBE) count as current findings for `event_hold_s`; each gets an
+        id, so the workflow tells a re-send of the same event from a new one."""
         now = self.clock()
         for f in findings:
+            if f.event_id is None:
+                f = f.model_copy(update={"event_id": f"{self.boot_id[:36]}/{next(self._event_ids)}"})
             self.events[_key(f)] = (f, now)
 
     def confirmed(self, findings: list[Finding]) -> list[Finding]:
@@ -95,7 +102,8 @@ class Agent:
             await start_admission(self.client, node=self.config.node, policy=self.config.policy, hardware_ids=ids,
                                   task_queue=self.config.task_queue, expected_gpus=self.config.probe.expected_gpus)
         findings = self.confirmed(snap.findings)
-        fingerprint = tuple(sorted(str(_key(f)) for f in findings))
+        # A new event of the same kind on the same GPU is news: it is sent at once, not at the re-send.
+        fingerprint = tuple(sorted(str((*_key(f), f.event_id)) for f in findings))
         now = self.clock()
         due = bool(findings) and self.sent_at is not None and now - self.sent_at >= self.config.resend_interval_s
         if fingerprint == self.sent and not due and not (self.announce and await self._episode_open()):

@@ -31,6 +31,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.remediation_types import (  # noqa: F401 - re-exported: callers import them from here
         MAX_BOOTS_KEPT,
         MAX_REJECTED_KEPT,
+        PATCH_DO_NO_HARM,
         PATCH_LOCAL_CLUSTER_CALLS,
         SA_ATTRIBUTION,
         SA_FAULT,
@@ -49,7 +50,8 @@ with workflow.unsafe.imports_passed_through():
         Stage,
         remediation_workflow_id,
     )
-    from workflows.validation import validate_once, validate_twice
+    from workflows.report_intake import new_event_ids, recurrence_findings, remember_events
+    from workflows.validation import AgentMissing, agent_gone, validate_once, validate_twice
 
 @workflow.defn(name="NodeRemediation")
 class NodeRemediation:
@@ -149,7 +151,8 @@ class NodeRemediation:
             actions=s.actions, lease_held=s.lease_held, quarantined=s.quarantined, paused=s.paused,
             pause_reason=s.pause_reason, awaiting_approval=s.awaiting_approval, cancel_reason=s.cancel_reason,
             rejected=s.rejected, rejected_total=s.rejected_total, duplicates=s.duplicates,
-            validations=s.validations, boot_id=s.boot_id, run_ids=s.run_ids,
+            validations=s.validations, boot_id=s.boot_id, run_ids=s.run_ids, agent_missing=s.agent_missing,
+            implicated=s.implicated,
         )
 
     # --- the runbook ---------------------------------------------------------------------------
@@ -176,9 +179,12 @@ class NodeRemediation:
 
     async def _triage(self) -> None:
         report = self.s.latest
+        if self._no_harm() and not await self._node_is_ours():
+            return
         t = classify(report.findings, self.inp.generation, self.policy)
         self.s.triage = t
         self.s.hardware_ids = report.hardware_ids()
+        self._implicate(report, t)
         found = [SA_FAULT.value_set(t.fault_class or "none"), SA_UUIDS.value_set([g.uuid for g in report.gpus]),
                  *([SA_ATTRIBUTION.value_set(t.attribution)] if t.attribution else [])]
         if not t.actionable:
@@ -191,6 +197,8 @@ class NodeRemediation:
         if t.attribution == "platform":
             # Cordon first: it is safe, needs no budget, and every second counts for the jobs.
             await self._quarantine()
+            if not self._cordon_holds():
+                return
             if await self._is_repeat_offender():
                 self.s.next_rung = Rung.REPLACE
         await self._attribute_pods(t)
@@ -201,15 +209,26 @@ class NodeRemediation:
         self.s.skip_to = None
         if rung.disruptive:
             await self._quarantine()
-            if not await self._approved(rung):
+            if not self._cordon_holds():
+                return
+            approved = await self._approved(rung)
+            if self._no_harm() and self._steered():
+                return
+            if not approved:
                 return self._finish(Outcome.AWAITING_APPROVAL, f"{rung.value} was not approved in time")
             await self._acquire_lease()
             if self._steered():
                 return
             await self._drain()
+            if self.s.stage is Stage.DONE:
+                return
         await self._hold_while_paused()
         if self._steered():
             return
+        if rung.disruptive and self._no_harm() and not self.policy.dry_run and not self.s.lease_held:
+            await self._acquire_lease()  # a long pause gave it back
+            if self._steered():
+                return
         self.s.rungs_tried.append(rung)
         self.s.attempts[rung.value] = self.s.attempts.get(rung.value, 0) + 1
         acted = await self._act(rung)
@@ -219,15 +238,26 @@ class NodeRemediation:
             return self._finish(Outcome.REPLACED if acted else Outcome.QUARANTINED,
                                 "instance replaced; hardware ids denylisted" if acted
                                 else "replacement failed: the node stays quarantined for a person")
+        if self.s.stage is Stage.DONE:
+            return
         if acted and await self._validated():
             self.s.fixed_by = rung
             return self._set_stage(Stage.RETURN if self.s.quarantined else Stage.PROBATION)
         self.s.next_rung = rung.above()
+        if self.s.agent_missing and rung is not Rung.REBOOT:
+            # Without its agent nothing node-local can run: reboot through the cloud API and wait for it.
+            self.s.next_rung = Rung.REBOOT
 
     async def _return_to_service(self) -> None:
-        await self._kube(c.KUBE_RETURN_TO_SERVICE,
-                         c.ReturnToServiceRequest(node=self.node, reason=f"fixed by {self.s.fixed_by.value}"),
-                         c.ReturnToServiceResult, f"uncordon {self.node}: validated twice after {self.s.fixed_by.value}")
+        done = await self._kube(c.KUBE_RETURN_TO_SERVICE,
+                                c.ReturnToServiceRequest(node=self.node, reason=f"fixed by {self.s.fixed_by.value}"),
+                                c.ReturnToServiceResult,
+                                f"uncordon {self.node}: validated twice after {self.s.fixed_by.value}")
+        if done is None and self._no_harm():
+            # `returned` means the API server shows the node schedulable: it does not, so a person looks.
+            await self._release_lease()
+            return self._finish(Outcome.QUARANTINED, f"validated after {self.s.fixed_by.value}, but the uncordon "
+                                f"failed ({self.s.actions[-1].detail}): the node stays cordoned for a person")
         self.s.quarantined = self.s.drained = False
         await self._release_lease()
         await self._tell_guard(healthy=True)
@@ -249,6 +279,7 @@ class NodeRemediation:
         t = classify(self.s.recurrence.findings, self.inp.generation, self.policy)
         above = self.s.fixed_by.above() or Rung.REPLACE
         self.s.triage = t
+        self._implicate(self.s.recurrence, t)
         self.s.next_rung = max(above, t.start_rung, key=list(Rung).index)
         self._record("probation", f"recurrence on {self.node} during probation", False,
                      f"{t.reason}: escalate to {self.s.next_rung.value}")
@@ -266,6 +297,8 @@ class NodeRemediation:
                                 dry_run=self.policy.dry_run),
             c.QuarantineResult, f"cordon and taint {self.node} ({self._fault_label()})",
         )
+        if result is None and self._no_harm():
+            return  # not verifiably cordoned: `_cordon_holds` ends the episode before anything disruptive
         self.s.quarantined = True
         detected = self.s.first_report.detected_at if self.s.first_report else None
         if result is not None and detected is not None and self.s.detect_to_cordon_ms is None:
@@ -279,13 +312,17 @@ class NodeRemediation:
             return True
         self.s.awaiting_approval = rung
         self._set_details()
+        steerable = self._no_harm()
         try:
-            await workflow.wait_condition(lambda: rung in self.s.approved, timeout=rp.approval_timeout,
+            await workflow.wait_condition(lambda: rung in self.s.approved or (steerable and self._steered()),
+                                          timeout=rp.approval_timeout,
                                           timeout_summary=f"wait for approval to {rung.value} {self.node}")
         except TimeoutError:
             return False
         finally:
             self.s.awaiting_approval = None
+        if rung not in self.s.approved:
+            return False  # steered away (cancel or skip): the caller re-plans
         self._record("approval", f"{rung.value} {self.node} approved", True)
         return True
 
@@ -319,6 +356,18 @@ class NodeRemediation:
             start_to_close=d.checkpoint_grace + d.deadline + timedelta(minutes=5), heartbeat=d.heartbeat_timeout,
         )
         self.s.drained = result is not None
+        if not self._no_harm():
+            return
+        if result is None:
+            # Pods may still be on the node: no reboot or reset under them.
+            return self._finish(Outcome.QUARANTINED, f"drain failed ({self.s.actions[-1].detail}): nothing "
+                                "disruptive done; the node stays quarantined for a person")
+        left = [*result.remaining, *result.lingering]
+        if left:
+            self.s.drain_left = left
+            self._record("drain", f"drain of {self.node} incomplete", False,
+                         f"{len(left)} pods still there ({', '.join(left[:5])}); "
+                         f"timeout_action={d.timeout_action}: the rung goes ahead and stops them")
 
     async def _act(self, rung: Rung) -> bool:
         """The rung's action and its wait; False when it failed or the node did not come back."""
@@ -336,30 +385,20 @@ class NodeRemediation:
                 await self._node_activity(c.NODE_RESET, c.ResetRequest(node=self.node, gpus=self._gpus(), dry_run=dry),
                                           c.ResetResult, summary, rp)
             elif rung is Rung.REBOOT:
-                before = self.s.boot_id
-                await self._cloud(c.CLOUD_REBOOT, c.RebootRequest(node=self.node, idempotency_key=key, dry_run=dry,
-                                                                  ownership_tag=self.policy.ownership_tag),
-                                  c.RebootResult, summary, rp)
-                self._record(rung.value, summary, True, "reboot sent; waiting for a report from a new boot")
-                try:
-                    await workflow.wait_condition(lambda: self.s.boot_id != before, timeout=rp.return_timeout,
-                                                  timeout_summary=f"wait for {self.node} to come back from reboot")
-                except TimeoutError:
-                    self._record(rung.value, f"{self.node} back from reboot", False,
-                                 f"no report from a new boot within {rp.return_timeout}")
-                    return False
-                self._record(rung.value, f"{self.node} back from reboot", True, f"boot id {self.s.boot_id}")
-                return True
+                return await self._reboot(summary, key, rp)
             elif rung is Rung.REPLACE:
-                await self._ledger(c.LEDGER_DENYLIST, c.DenylistRequest(
-                    hardware_ids=self.s.hardware_ids, node=self.node, reason=f"replaced: {self._fault_label()}"),
-                    c.DenylistResult, f"denylist hardware of {self.node}")
+                await self._denylist()
                 await self._cloud(c.CLOUD_REPLACE, c.ReplaceRequest(
                     node=self.node, idempotency_key=key, mode=self.policy.replacement,
                     ownership_tag=self.policy.ownership_tag, dry_run=dry), c.ReplaceResult, summary, rp)
                 self._record(rung.value, summary, True)
                 return True
         except ActivityError as err:
+            if self._no_harm() and agent_gone(err):
+                self.s.agent_missing = True
+                self._record(rung.value, summary, False, f"agent_missing: no agent polled "
+                             f"{c.node_task_queue(self.node)} within {self.policy.validation.agent_timeout}")
+                return False
             self._record(rung.value, summary, False, _cause(err))
             return False
         self._record(rung.value, summary, True)
@@ -367,15 +406,72 @@ class NodeRemediation:
                              summary=f"let {self.node} settle after {rung.value}")
         return True
 
+    async def _reboot(self, summary: str, key: str, rp) -> bool:
+        """Reboot through the cloud API; back when the agent reports from a new boot. If it never
+        does, the kubelet's boot id tells a machine that rebooted (its agent is what is missing)
+        from one that did not come back."""
+        before = self.s.boot_id
+        no_harm, dry = self._no_harm(), self.policy.dry_run
+        kubelet_before = await self._kubelet_boot_id() if no_harm and not dry else None
+        await self._cloud(c.CLOUD_REBOOT, c.RebootRequest(node=self.node, idempotency_key=key, dry_run=dry,
+                                                          ownership_tag=self.policy.ownership_tag),
+                          c.RebootResult, summary, rp)
+        self._record(Rung.REBOOT.value, summary, True, "reboot sent; waiting for a report from a new boot")
+        try:
+            await workflow.wait_condition(lambda: self.s.boot_id != before or (no_harm and self._steered()),
+                                          timeout=rp.return_timeout,
+                                          timeout_summary=f"wait for {self.node} to come back from reboot")
+        except TimeoutError:
+            self._record(Rung.REBOOT.value, f"{self.node} back from reboot", False,
+                         f"no report from a new boot within {rp.return_timeout}")
+            if no_harm and not dry:
+                after = await self._kubelet_boot_id()
+                if self.s.agent_missing or (after and after != kubelet_before):
+                    came_back = (f"the machine rebooted (kubelet boot id {kubelet_before} -> {after})"
+                                 if after and after != kubelet_before else "the machine shows no new boot either")
+                    self._finish(Outcome.QUARANTINED, f"agent_missing: {came_back} but no agent reported from "
+                                 f"{self.node}; no evidence about the hardware, so it stays quarantined for a person")
+            return False
+        if self.s.boot_id == before:
+            return False  # steered away while waiting
+        self.s.agent_missing = False
+        self._record(Rung.REBOOT.value, f"{self.node} back from reboot", True, f"boot id {self.s.boot_id}")
+        return True
+
+    async def _kubelet_boot_id(self) -> str | None:
+        try:
+            return await workflow.execute_activity(
+                c.CLOUD_BOOT_ID, c.BootIdRequest(node=self.node), result_type=str,
+                start_to_close_timeout=timedelta(minutes=1), summary=f"read {self.node}'s boot id without its agent",
+                retry_policy=RetryPolicy(maximum_attempts=3, non_retryable_error_types=NON_RETRYABLE))
+        except ActivityError as err:
+            self._record("boot_id", f"read {self.node}'s boot id without its agent", False, _cause(err))
+            return None
+
+    async def _denylist(self) -> None:
+        """Only hardware a probe on the node implicated goes on the denylist, never every id a report listed."""
+        ids = self.s.implicated if self._no_harm() else self.s.hardware_ids
+        if not ids and self._no_harm():
+            return self._record("denylist", f"denylist hardware of {self.node}", True,
+                                "no probe implicated any hardware: nothing denylisted")
+        await self._ledger(c.LEDGER_DENYLIST, c.DenylistRequest(
+            hardware_ids=ids, node=self.node, reason=f"replaced: {self._fault_label()}"),
+            c.DenylistResult, f"denylist hardware of {self.node}")
+
     async def _validated(self) -> bool:
-        if not self.s.quarantined:
-            # Kill-only (application) episodes never took the node out: one validation suffices.
-            ok = await validate_once(self.node, self.policy.validation, self.inp.expected_gpus, "after kill",
-                                     self._record, self.policy.dry_run)
-            self.s.validations += int(ok)
-            return ok
-        passed = await validate_twice(self.node, self.policy.validation, self.inp.expected_gpus, self._record,
-                                      self.policy.dry_run)
+        strict = self._no_harm()
+        try:
+            if not self.s.quarantined:
+                # Kill-only (application) episodes never took the node out: one validation suffices.
+                ok = await validate_once(self.node, self.policy.validation, self.inp.expected_gpus, "after kill",
+                                         self._record, self.policy.dry_run, strict)
+                self.s.validations += int(ok)
+                return ok
+            passed = await validate_twice(self.node, self.policy.validation, self.inp.expected_gpus, self._record,
+                                          self.policy.dry_run, strict)
+        except AgentMissing:
+            self.s.agent_missing = True
+            return False
         self.s.validations += passed
         return passed == 2
 
@@ -393,17 +489,58 @@ class NodeRemediation:
         return False
 
     async def _attribute_pods(self, t: Triage) -> None:
+        pod_gpus = await self._pod_gpus() if t.gpus and self._no_harm() else None
         await self._kube(c.KUBE_ATTRIBUTE_PODS, c.AttributePodsRequest(
-            node=self.node, attribution=t.attribution, fault=self._fault_label(), gpus=t.gpus,
+            node=self.node, attribution=t.attribution, fault=self._fault_label(), gpus=t.gpus, pod_gpus=pod_gpus,
             episode=self._episode(), dry_run=self.policy.dry_run),
             c.AttributePodsResult, f"mark pods on {self.node}: failure attribution {t.attribution}")
+
+    async def _pod_gpus(self) -> dict[str, list[int]] | None:
+        """Which pod runs on which GPU, from the node (None when the agent cannot say quickly)."""
+        try:
+            result = await workflow.execute_activity(
+                c.NODE_GPU_PODS, c.GpuPodsRequest(node=self.node), result_type=c.GpuPodsResult,
+                task_queue=c.node_task_queue(self.node),
+                schedule_to_start_timeout=min(timedelta(seconds=15), self.policy.validation.agent_timeout),
+                start_to_close_timeout=timedelta(seconds=30), summary=f"which pods use which GPUs on {self.node}",
+                retry_policy=RetryPolicy(maximum_attempts=2))
+        except ActivityError as err:
+            self._record("attribution", f"which pods use which GPUs on {self.node}", False,
+                         f"{_cause(err)}: every pod on the node is marked")
+            return None
+        return result.pod_gpus
+
+    async def _node_is_ours(self) -> bool:
+        """A report for a node that does not exist, or is not a GPU node of ours, ends here: no lease,
+        no cordon, no ledger, no denylist. When the API cannot say, the cordon's own checks decide."""
+        found = await self._kube(c.KUBE_CHECK_NODE, c.NodeCheckRequest(node=self.node), c.NodeCheckResult,
+                                 f"check {self.node} is a GPU node of this cluster")
+        if found is None or (found.exists and found.ours):
+            return True
+        self._finish(Outcome.REJECTED, f"rejected: {found.reason}")
+        return False
+
+    def _cordon_holds(self) -> bool:
+        """No disruptive step on a node that is not verifiably cordoned: evicted pods would land back on it."""
+        if self.s.quarantined or not self._no_harm():
+            return True
+        self._finish(Outcome.FAILED, f"cordon of {self.node} did not take effect ({self.s.actions[-1].detail}): "
+                     "nothing disruptive done; a person must cordon or fix access")
+        return False
+
+    def _implicate(self, report: HealthReport, t: Triage) -> None:
+        """Hardware a probe on the node itself named (the agent's report), for the denylist."""
+        if report.source != "agent":
+            return
+        acted = [v.finding for v in t.verdicts if v.rung is not None]
+        self.s.implicated = sorted({*self.s.implicated, *report.implicated_ids(acted)})
 
     async def _close_episode(self) -> None:
         await self._release_lease()
         if self.s.outcome is Outcome.REPLACED:
             # The node leaves the fleet: it no longer counts as unhealthy. Other endings keep it cordoned.
             await self._tell_guard(healthy=True)
-        if self.s.triage is not None and self.s.triage.actionable:
+        if self.s.triage is not None and self.s.triage.actionable and self.s.outcome is not Outcome.REJECTED:
             await self._ledger(c.LEDGER_RECORD, c.RemediationRecord(
                 node=self.node, episode=self._episode(), hardware_ids=self.s.hardware_ids,
                 fault_class=self.s.triage.fault_class, attribution=self.s.triage.attribution,
@@ -457,7 +594,7 @@ class NodeRemediation:
                             non_retryable_error_types=NON_RETRYABLE)
         try:
             result = await self._cluster_call(name, req, result_type, summary, start_to_close, retry, heartbeat)
-        except ActivityError as err:
+        except (ActivityError, ApplicationError) as err:  # a local activity's failure comes unwrapped
             self._record(name, summary, False, _cause(err))
             return None
         self._record(name, summary, True)
@@ -477,6 +614,10 @@ class NodeRemediation:
                                                          start_to_close_timeout=start_to_close, retry_policy=retry)
         return await workflow.execute_activity(name, arg, result_type=result_type, start_to_close_timeout=start_to_close,
                                                heartbeat_timeout=heartbeat, summary=summary, retry_policy=retry)
+
+    def _no_harm(self) -> bool:
+        """The do-no-harm rules (see PATCH_DO_NO_HARM); histories from before replay without them."""
+        return workflow.patched(PATCH_DO_NO_HARM)
 
     def _local_cluster_calls(self) -> bool:
         """Short cluster-side calls (cordon, pod marks, events, ledger, guard signals) run as local
@@ -518,9 +659,13 @@ class NodeRemediation:
         self.s.latest = r
         if self.s.first_report is None:
             self.s.first_report = r
+        seen = self.s.seen_events
+        if self._no_harm():
+            self.s.seen_events = remember_events(seen, new_event_ids(r, seen))
         if self.s.stage in (Stage.RETURN, Stage.PROBATION) and not r.healthy and self.s.recurrence is None:
-            if classify(r.findings, self.inp.generation, self.policy).actionable:
-                self.s.recurrence = r
+            news = recurrence_findings(r, seen) if self._no_harm() else r.findings
+            if news and classify(news, self.inp.generation, self.policy).actionable:
+                self.s.recurrence = r.model_copy(update={"findings": news}) if self._no_harm() else r
 
     def _reject(self, reason: str, raw: Any) -> None:
         self.s.rejected_total += 1
@@ -557,9 +702,22 @@ class NodeRemediation:
         return self.s.skip_to is not None or self.s.cancel_reason is not None
 
     async def _hold_while_paused(self) -> None:
-        if self.s.paused:
-            self._set_details()
-            await workflow.wait_condition(lambda: not self.s.paused or self.s.cancel_reason is not None)
+        """Held until resume or cancel (a skip given meanwhile applies on resume). A long pause gives
+        the disruption lease back, so one parked node does not hold the fleet's budget."""
+        if not self.s.paused:
+            return
+        self._set_details()
+        released = lambda: not self.s.paused or self.s.cancel_reason is not None  # noqa: E731
+        if self.s.lease_held and self._no_harm():
+            limit = self.policy.pause_releases_lease_after
+            try:
+                await workflow.wait_condition(released, timeout=limit, timeout_summary=f"pause of {self.node}")
+                return
+            except TimeoutError:
+                await self._release_lease()
+                self._record("lease", f"gave back {self.node}'s disruption lease", True,
+                             f"paused longer than {limit}; taken again on resume")
+        await workflow.wait_condition(released)
 
     async def _continue_as_new_if_due(self) -> None:
         info = workflow.info()
@@ -612,7 +770,9 @@ def _seq_key(r: HealthReport) -> str:
     return f"{r.source}:{r.boot_id}"
 
 
-def _cause(err: ActivityError) -> str:
+def _cause(err: ActivityError | ApplicationError) -> str:
+    if isinstance(err, ApplicationError):
+        return f"{type(err).__name__}: {err}"
     cause = err.cause
     while cause is not None and cause.cause is not None and not isinstance(cause, ApplicationError):
         cause = cause.cause

@@ -27,6 +27,9 @@ MAX_REJECTED_KEPT = 50
 MAX_BOOTS_KEPT = 16
 # workflow.patched ids: each names a change to workflow logic that old histories must not see.
 PATCH_LOCAL_CLUSTER_CALLS = "local-cluster-calls"
+# Do no harm: re-sent events are no recurrence; no disruptive step on a node not verifiably
+# cordoned, drained or ours; an agent that is gone is `agent_missing`, never evidence for replace.
+PATCH_DO_NO_HARM = "do-no-harm"
 
 
 def remediation_workflow_id(node: str) -> str:
@@ -49,6 +52,8 @@ class Outcome(StrEnum):
     AWAITING_APPROVAL = "awaiting_approval"
     DENIED_ADMISSION = "denied_admission"
     DRY_RUN = "dry_run"  # the policy's dry run: what would have been done is in the actions
+    REJECTED = "rejected"  # the report named a node that does not exist or is not ours: nothing done
+    FAILED = "failed"  # the cordon did not take: nothing disruptive done, the node needs a person
 
 
 class ActionRecord(BaseModel):
@@ -102,6 +107,10 @@ class RemediationState(BaseModel):
     approved: list[Rung] = Field(default_factory=list)
     skip_to: Rung | None = None
     hardware_ids: list[str] = Field(default_factory=list)
+    implicated: list[str] = Field(default_factory=list, description="Hardware ids a probe on the node named: the denylist's only source.")
+    seen_events: list[str] = Field(default_factory=list, description="Event ids already heard (re-sends are no recurrence).")
+    agent_missing: bool = Field(default=False, description="A node-local step found no agent polling node/<name>.")
+    drain_left: list[str] = Field(default_factory=list, description="Pods the drain could not move (timed out, escalated).")
     run_ids: list[str] = Field(default_factory=list)
 
 
@@ -141,6 +150,8 @@ class RemediationStatus(BaseModel):
     validations: int
     boot_id: str | None
     run_ids: list[str]
+    agent_missing: bool = False
+    implicated: list[str] = Field(default_factory=list)
 
 
 class RemediationResult(BaseModel):

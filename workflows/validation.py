@@ -7,7 +7,8 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError
+from temporalio.exceptions import ActivityError, TimeoutType
+from temporalio.exceptions import TimeoutError as ActivityTimeout
 
 with workflow.unsafe.imports_passed_through():
     from activities import contracts as c
@@ -17,8 +18,21 @@ with workflow.unsafe.imports_passed_through():
 Recorder = Callable[[str, str, bool, str], None]
 
 
+class AgentMissing(Exception):
+    """No agent picked a node-local task up within its schedule-to-start timeout."""
+
+
+def agent_gone(err: ActivityError) -> bool:
+    """The activity timed out waiting for a poller on node/<name>: the agent is gone, which says
+    nothing about the node's hardware."""
+    cause = err.cause
+    return isinstance(cause, ActivityTimeout) and cause.type == TimeoutType.SCHEDULE_TO_START
+
+
 async def validate_once(node: str, policy: ValidationPolicy, expected_gpus: int | None, label: str,
-                        record: Recorder, dry_run: bool = False) -> bool:
+                        record: Recorder, dry_run: bool = False, strict_agent: bool = False) -> bool:
+    """Whether the node passed; with `strict_agent`, an agent that never picked the run up raises
+    AgentMissing instead of counting as a failed validation."""
     summary = f"validate {node} ({label}): fresh probes + dcgm r{policy.dcgm_level}"
     try:
         result = await workflow.execute_activity(
@@ -34,6 +48,10 @@ async def validate_once(node: str, policy: ValidationPolicy, expected_gpus: int 
             summary=summary,
         )
     except ActivityError as err:
+        if strict_agent and agent_gone(err):
+            record("validate", summary, False, f"agent_missing: no agent polled {c.node_task_queue(node)} "
+                                               f"within {policy.agent_timeout}")
+            raise AgentMissing(node) from None
         record("validate", summary, False, f"could not run: {err.cause or err}")
         return False
     detail = "passed" if result.passed else "failed: " + ", ".join(f.label() for f in result.findings)
@@ -42,12 +60,12 @@ async def validate_once(node: str, policy: ValidationPolicy, expected_gpus: int 
 
 
 async def validate_twice(node: str, policy: ValidationPolicy, expected_gpus: int | None, record: Recorder,
-                         dry_run: bool = False) -> int:
+                         dry_run: bool = False, strict_agent: bool = False) -> int:
     """Returns how many validations passed: 2 means the node may take work."""
-    if not await validate_once(node, policy, expected_gpus, "1 of 2", record, dry_run):
+    if not await validate_once(node, policy, expected_gpus, "1 of 2", record, dry_run, strict_agent):
         return 0
     await workflow.sleep(max(policy.soak, timedelta(milliseconds=1)),
                          summary=f"soak {node} before the second validation")
-    if not await validate_once(node, policy, expected_gpus, "2 of 2", record, dry_run):
+    if not await validate_once(node, policy, expected_gpus, "2 of 2", record, dry_run, strict_agent):
         return 1
     return 2

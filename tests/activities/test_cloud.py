@@ -91,7 +91,7 @@ def count_reboots(ec2) -> list:
 
 async def test_reboot_cut_off_before_marked_sent_is_not_sent_again(cloud):
     """A controller killed between RebootInstances and the `sent` tag: the retry sees the node's
-    new boot id (or it not Ready) and marks the reboot sent instead of rebooting again."""
+    new boot id and marks the reboot sent instead of rebooting again."""
     acts, instance, ec2, _, kube = cloud
     iid = instance("n1")
     cut_off_after_pending(ec2, kube, iid, "n1")
@@ -113,6 +113,18 @@ async def test_reboot_pending_without_a_sign_is_sent(cloud):
     assert r.rebooted and sent == [[iid]]
     again = await run(acts.reboot, c.RebootRequest(node="n1", idempotency_key="ep1/reboot/1"))
     assert not again.rebooted and sent == [[iid]]
+
+
+async def test_hung_node_with_pending_reboot_is_rebooted(cloud):
+    """NotReady is no proof the pending reboot went out (a hung node is NotReady too): with the
+    boot id unchanged, the reboot is sent."""
+    acts, instance, ec2, _, kube = cloud
+    iid = instance("n1")
+    cut_off_after_pending(ec2, kube, iid, "n1")
+    kube.set_node_ready("n1", False)
+    sent = count_reboots(ec2)
+    r = await run(acts.reboot, c.RebootRequest(node="n1", idempotency_key="ep1/reboot/1"))
+    assert r.rebooted and sent == [[iid]]
 
 
 async def test_unowned_instance_is_refused(cloud):
@@ -166,8 +178,10 @@ async def test_missing_node_is_node_gone(cloud):
     assert err.value.type == "NodeGone"
 
 
-async def test_boot_id_through_ssm(cloud):
-    acts, instance, *_ = cloud
+async def test_boot_id_from_kubelet_then_ssm(cloud):
+    acts, instance, _, _, kube = cloud
     instance("n7")
-    # moto's SSM reports Success with empty output: the call path is what this exercises.
-    assert await run(acts.boot_id, c.BootIdRequest(node="n7")) == ""
+    # moto's SSM reports Success with empty output: no boot id known, and it says so.
+    assert await run(acts.boot_id, c.BootIdRequest(node="n7")) is None
+    kube.set_boot_id("n7", "boot-k")
+    assert await run(acts.boot_id, c.BootIdRequest(node="n7")) == "boot-k"

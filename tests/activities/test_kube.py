@@ -9,7 +9,13 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities import contracts as c
-from activities.kube import ATTRIBUTION_ANNOTATION, CALL_TRIES, DRAIN_DEADLINE_ANNOTATION, KubeActivities
+from activities.kube import (
+    ATTRIBUTION_ANNOTATION,
+    CALL_TRIES,
+    DRAIN_DEADLINE_ANNOTATION,
+    DRAIN_EPISODE_ANNOTATION,
+    KubeActivities,
+)
 from sim.fake_kube import FakeKubeServer
 
 
@@ -111,6 +117,65 @@ async def test_attribution_annotates_pods_on_the_node(kube):
     ann = core.read_namespaced_pod("train-0", "default").metadata.annotations
     assert ann[ATTRIBUTION_ANNOTATION] == "platform" and ann["gpuheal.io/fault"] == "Xid 79 on GPU 2"
     assert ATTRIBUTION_ANNOTATION not in (core.read_namespaced_pod("elsewhere", "default").metadata.annotations or {})
+
+
+async def test_attribution_marks_pods_on_healthy_gpus_unaffected(kube):
+    """Only the pods whose GPUs failed carry the fault; a pod seen on other GPUs only is unaffected,
+    and one with no GPU process seen keeps the fault (its process may have died of it)."""
+    k, core, acts = kube
+    k.add_node("n1")
+    uid = {name: k.add_pod(name, "n1")["metadata"]["uid"] for name in ("on-gpu2", "on-gpu5", "no-process")}
+    pod_gpus = {f"uid:{uid['on-gpu2']}": [2, 3], f"uid:{uid['on-gpu5']}": [5]}
+    r = await run(acts.attribute_pods, c.AttributePodsRequest(node="n1", attribution="platform", fault="Xid 79 on GPU 2",
+                                                             gpus=[2], pod_gpus=pod_gpus, episode="e1"))
+    assert sorted(r.pods) == ["default/no-process", "default/on-gpu2"] and r.unaffected == ["default/on-gpu5"]
+    marks = {n: core.read_namespaced_pod(n, "default").metadata.annotations[ATTRIBUTION_ANNOTATION] for n in uid}
+    assert marks == {"on-gpu2": "platform", "on-gpu5": "unaffected", "no-process": "platform"}
+    reasons = {e["involvedObject"]["name"] for e in k.list("Event", "default")}
+    assert "on-gpu5" not in reasons, "no failure event for a pod the fault did not touch"
+
+
+async def test_check_node_exists_and_is_ours(kube):
+    k, core, _ = kube
+    k.add_node("g1", labels={"nvidia.com/gpu.present": "true"})
+    k.add_node("cpu1")
+    acts = KubeActivities(core, gpu_node_selector="nvidia.com/gpu.present=true")
+    assert (await run(acts.check_node, c.NodeCheckRequest(node="g1"))).ours
+    ghost = await run(acts.check_node, c.NodeCheckRequest(node="ghost"))
+    assert not ghost.exists and "does not exist" in ghost.reason
+    cpu = await run(acts.check_node, c.NodeCheckRequest(node="cpu1"))
+    assert cpu.exists and not cpu.ours and "GPU node selector" in cpu.reason
+
+
+async def test_drain_waits_for_pods_to_be_gone(kube):
+    """An accepted eviction starts the pod's graceful shutdown; the drain returns once the pod is
+    gone, not when it merely has a deletion timestamp."""
+    k, core, acts = kube
+    k.add_node("n1")
+    k.add_pod("solo", "n1")
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    r = await run(acts.drain, c.DrainRequest(node="n1", episode="e", checkpoint_grace_s=0, deadline_s=5,
+                                             pod_grace_seconds=2))
+    assert r.evicted == ["default/solo"] and not r.lingering
+    assert loop.time() - start >= 1.5, "returned before the pod's grace ran"
+    assert not core.list_pod_for_all_namespaces(field_selector="spec.nodeName=n1").items
+
+
+async def test_drain_notice_belongs_to_its_episode(kube):
+    """A second episode gives its own checkpoint notice instead of reusing the first one's deadline."""
+    k, core, acts = kube
+    k.add_node("n1")
+    k.add_pod("w", "n1", annotations={DRAIN_DEADLINE_ANNOTATION: "2020-01-01T00:00:00+00:00",
+                                      DRAIN_EPISODE_ANNOTATION: "remediate/n1/old-run"})
+    k.add_pdb("w", {}, min_available=1)  # the eviction is refused, so the pod stays to be read
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    await run(acts.drain, c.DrainRequest(node="n1", episode="remediate/n1/new-run", checkpoint_grace_s=1,
+                                         deadline_s=0.2, pod_grace_seconds=0))
+    assert loop.time() - start >= 0.9, "the new episode's checkpoint grace was given"
+    ann = core.read_namespaced_pod("w", "default").metadata.annotations
+    assert ann[DRAIN_EPISODE_ANNOTATION] == "remediate/n1/new-run" and ann[DRAIN_DEADLINE_ANNOTATION] > "2021"
 
 
 async def test_drain_respects_pdb_then_escalates(kube):

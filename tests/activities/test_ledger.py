@@ -19,9 +19,22 @@ def ledger(request, tmp_path):
     return DynamoLedger(ddb, "gpuheal-ledger")
 
 
-def rec(episode: str, ids: list[str], ended: datetime, outcome="returned") -> c.RemediationRecord:
-    return c.RemediationRecord(node="n1", episode=episode, hardware_ids=ids, fault_class="memory", attribution="platform",
-                               rungs=["reset"], outcome=outcome, started_at=ended - timedelta(minutes=5), ended_at=ended)
+def rec(episode: str, ids: list[str], ended: datetime, outcome="returned", attribution="platform",
+        rungs=("reset",)) -> c.RemediationRecord:
+    return c.RemediationRecord(node="n1", episode=episode, hardware_ids=ids, fault_class="memory", attribution=attribution,
+                               rungs=list(rungs), outcome=outcome, started_at=ended - timedelta(minutes=5), ended_at=ended)
+
+
+def test_only_platform_episodes_that_acted_count(ledger):
+    """Two user-bug Xid 13s, a dry run and a parked episode say nothing about the board."""
+    now = datetime.now(UTC)
+    ledger.record(rec("app1", ["SN-7"], now, attribution="application", rungs=["kill"]))
+    ledger.record(rec("app2", ["SN-7"], now, attribution="application", rungs=["kill"]))
+    ledger.record(rec("dry", ["SN-7"], now, outcome="dry_run", rungs=["reset"]))
+    ledger.record(rec("parked", ["SN-7"], now, outcome="awaiting_approval", rungs=[]))
+    assert ledger.count_recent(["SN-7"], now - timedelta(days=7), None) == 0
+    ledger.record(rec("real", ["SN-7"], now, rungs=["reset", "reboot"]))
+    assert ledger.count_recent(["SN-7"], now - timedelta(days=7), None) == 1
 
 
 def test_record_is_idempotent_and_counted_per_hardware_id(ledger):

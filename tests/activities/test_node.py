@@ -147,3 +147,22 @@ async def test_validate_counts_gpus(node):
 async def test_boot_id_reads_the_kernel(node):
     _, acts = node
     assert len(await ActivityEnvironment().run(acts.boot_id, c.BootIdRequest(node="a1"))) == 36
+
+
+async def test_gpu_pods_maps_pods_to_their_gpus(tmp_path):
+    """The pod of each GPU process comes from its cgroup, as the kubelet's cgroup layout names it."""
+    nv = SimulatedNvml("a1", gpus=4)
+    proc = tmp_path / "proc"
+    uids = {11: "0b5e5c4a-1111-4c3e-9a57-6c1d2f3e4a5b", 12: "0b5e5c4a-1111-4c3e-9a57-6c1d2f3e4a5b",
+            13: "7f00aa00-2222-4c3e-9a57-6c1d2f3e4a5b"}
+    for pid, uid in [*uids.items(), (14, None)]:
+        (proc / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "stat").write_text(f"{pid} (python) S 1")
+        pod = f"kubepods-burstable-pod{uid.replace('-', '_')}.slice" if uid else "user.slice"
+        (proc / str(pid) / "cgroup").write_text(f"0::/kubepods.slice/{pod}/cri-containerd-abc.scope\n")
+    nv.gpus[0].processes, nv.gpus[1].processes = [(11, 1 << 30)], [(12, 1 << 30), (14, 1 << 20)]
+    nv.gpus[3].processes = [(13, 1 << 30)]
+    acts = NodeActivities(ProbeConfig(expected_gpus=4, nics=NicExpectation(ports=0), require_nvidia_smi=False,
+                                      sysfs_infiniband=tmp_path), nv, proc=proc)
+    result = await ActivityEnvironment().run(acts.gpu_pods, c.GpuPodsRequest(node="a1"))
+    assert result.pod_gpus == {f"uid:{uids[11]}": [0, 1], f"uid:{uids[13]}": [3]}

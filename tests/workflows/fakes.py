@@ -17,6 +17,7 @@ from temporalio.service import RPCError
 from temporalio.worker import Worker
 
 from activities import contracts as c
+from activities.errors import NO_EFFECT, fail
 from activities.guard import GuardActivities
 from policies.findings import Finding, GpuIds, HealthReport
 from policies.model import Policy
@@ -42,6 +43,11 @@ class FakeNode:
     cordoned: bool = False
     calls: list[str] = field(default_factory=list)
     hold: asyncio.Event | None = None  # drain waits on it when set (tests steer timing)
+    agent: bool = True  # False: nobody polls node/<name> and no report comes from a new boot
+    exists: bool = True  # False: the API server has no such node
+    fail: set[str] = field(default_factory=set)  # activity names that fail for good (NoEffect) on this node
+    pod_gpus: dict[str, list[int]] = field(default_factory=dict)  # what node.gpu_pods answers
+    requests: dict[str, list] = field(default_factory=dict)  # activity name -> requests seen
 
     def ids(self) -> list[GpuIds]:
         return [GpuIds(index=i, uuid=f"GPU-{self.name}-{i}", serial=f"SN-{self.name}-{i // 2}") for i in range(self.gpus)]
@@ -91,6 +97,9 @@ class FakeFleet:
         n = self.nodes[req.node]
         kind = activity.info().activity_type
         n.calls.append(kind)
+        n.requests.setdefault(kind, []).append(req)
+        if kind in n.fail:
+            raise fail(NO_EFFECT, f"injected: {kind} on {n.name} did not take effect")
         left = self.transient_failures.get(kind, 0)
         if left:
             self.transient_failures[kind] = left - 1
@@ -122,6 +131,8 @@ class FakeFleet:
 
     @activity.defn(name=c.KUBE_ATTRIBUTE_PODS)
     async def attribute_pods(self, req: c.AttributePodsRequest) -> c.AttributePodsResult:
+        if req.node not in self.nodes:
+            return c.AttributePodsResult()  # an unknown node has no pods
         self._node(req)
         return c.AttributePodsResult(pods=[f"default/job-on-{req.node}"])
 
@@ -138,6 +149,14 @@ class FakeFleet:
     async def event(self, req: c.EventRequest) -> None:
         self.events.append(req)
 
+    @activity.defn(name=c.KUBE_CHECK_NODE)
+    async def check_node(self, req: c.NodeCheckRequest) -> c.NodeCheckResult:
+        n = self.nodes.get(req.node)
+        if n is None or not n.exists:
+            return c.NodeCheckResult(exists=False, ours=False, reason=f"node {req.node} does not exist")
+        self._node(req)
+        return c.NodeCheckResult(exists=True, ours=True)
+
     @activity.defn(name=c.KUBE_FLEET_SIZE)
     async def count_fleet(self) -> int:
         return self.fleet_size if self.fleet_size is not None else len(self.nodes)
@@ -151,8 +170,13 @@ class FakeFleet:
         if n.reboot_returns:
             n.boot += 1
             n.seq = 0
-            await self.report(n.name)  # the agent's first report from the new boot
+            if n.agent:
+                await self.report(n.name)  # the agent's first report from the new boot
         return c.RebootResult(instance_id=f"i-{n.name}", rebooted=True)
+
+    @activity.defn(name=c.CLOUD_BOOT_ID)
+    async def kubelet_boot_id(self, req: c.BootIdRequest) -> str | None:
+        return f"kubelet-{self._node(req).boot}"
 
     @activity.defn(name=c.CLOUD_REPLACE)
     async def replace(self, req: c.ReplaceRequest) -> c.ReplaceResult:
@@ -173,6 +197,10 @@ class FakeFleet:
         await asyncio.sleep(self.act_delay)
         n.apply("reset")
         return c.ResetResult(reset=req.gpus)
+
+    @activity.defn(name=c.NODE_GPU_PODS)
+    async def gpu_pods(self, req: c.GpuPodsRequest) -> c.GpuPodsResult:
+        return c.GpuPodsResult(pod_gpus=self._node(req).pod_gpus)
 
     @activity.defn(name=c.NODE_VALIDATE)
     async def validate(self, req: c.ValidateRequest) -> c.ValidationResult:
@@ -205,12 +233,12 @@ class FakeFleet:
         return [self.quarantine, self.return_to_service, self.attribute_pods, self.drain, self.reboot,
                 self.replace, self.kill, self.reset, self.validate, self.record, self.count_recent,
                 self.denylist_add, self.check_denied, self.event, self.count_fleet, guard.signal_guard,
-                guard.live_holders]
+                guard.live_holders, self.check_node, self.kubelet_boot_id, self.gpu_pods]
 
     @contextlib.asynccontextmanager
     async def workers(self):
         """The controller's worker plus one per node queue (what each node's agent would serve)."""
-        queues = [self.task_queue, *(c.node_task_queue(n) for n in self.nodes)]
+        queues = [self.task_queue, *(c.node_task_queue(n.name) for n in self.nodes.values() if n.agent)]
         ws = [Worker(self.client, task_queue=q, workflows=[NodeRemediation, FleetGuard, NodeAdmission] if q == self.task_queue else [],
                      activities=self.activities()) for q in queues]
         async with contextlib.AsyncExitStack() as stack:

@@ -1,0 +1,25 @@
+"""Report intake rules that need no server: which findings of a report are news to an episode."""
+
+from __future__ import annotations
+
+from policies.findings import Finding, HealthReport
+
+MAX_EVENTS_KEPT = 256  # event ids an episode remembers (bounded: continue-as-new carries them)
+
+
+def new_event_ids(report: HealthReport, seen: list[str]) -> list[str]:
+    """Ids of the report's one-shot events that the episode has not heard of."""
+    known = set(seen)
+    return sorted({f.event_id for f in report.findings if f.event_id and f.event_id not in known})
+
+
+def remember_events(seen: list[str], new: list[str]) -> list[str]:
+    return [*seen, *new][-MAX_EVENTS_KEPT:]
+
+
+def recurrence_findings(report: HealthReport, seen: list[str]) -> list[Finding]:
+    """What in a report after the fix counts as the fault coming back: a new event (a new
+    kernel-log record or NVML event), or a condition the probes still find. A re-send of an event
+    the episode already acted on is neither: the agent holds one-shot events for a while."""
+    known = set(seen)
+    return [f for f in report.findings if f.event_id is None or f.event_id not in known]
