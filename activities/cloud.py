@@ -115,18 +115,19 @@ class CloudActivities:
         self._require_owned(inst, req.ownership_tag)
         tags = self._tags(inst)
         mine = tags.get(REBOOT_KEY_TAG) == req.idempotency_key[:255]
+        recorded_from = tags.get(REBOOT_FROM_TAG) or None
         if mine and tags.get(REBOOT_STATE_TAG) == "sent":
-            return c.RebootResult(instance_id=iid, rebooted=False)  # a retry: this reboot already went out
+            # A retry: this reboot already went out.
+            return c.RebootResult(instance_id=iid, rebooted=False, from_boot=recorded_from)
         if req.dry_run:
             return c.RebootResult(instance_id=iid, rebooted=False, dry_run=True)
         # The key (and the boot it reboots from) is written before the reboot and marked sent
         # after. A retry that finds it pending was cut off in between: if the node shows the
         # reboot, it went out; only if it shows none is it sent again.
-        if mine and tags.get(REBOOT_STATE_TAG) == "pending" and await self._rebooted_since(
-                req.node, tags.get(REBOOT_FROM_TAG) or None):
+        if mine and tags.get(REBOOT_STATE_TAG) == "pending" and await self._rebooted_since(req.node, recorded_from):
             await self._aws("tag instance", self.ec2.create_tags, Resources=[iid],
                             Tags=[{"Key": REBOOT_STATE_TAG, "Value": "sent"}])
-            return c.RebootResult(instance_id=iid, rebooted=True)
+            return c.RebootResult(instance_id=iid, rebooted=True, from_boot=recorded_from)
         from_boot, _ = self._boot_state(n)
         await self._aws("tag instance", self.ec2.create_tags, Resources=[iid], Tags=[
             {"Key": REBOOT_KEY_TAG, "Value": req.idempotency_key[:255]}, {"Key": REBOOT_STATE_TAG, "Value": "pending"},
@@ -134,7 +135,7 @@ class CloudActivities:
         await self._aws("reboot instance", self.ec2.reboot_instances, InstanceIds=[iid])
         await self._aws("tag instance", self.ec2.create_tags, Resources=[iid],
                         Tags=[{"Key": REBOOT_STATE_TAG, "Value": "sent"}])
-        return c.RebootResult(instance_id=iid, rebooted=True)
+        return c.RebootResult(instance_id=iid, rebooted=True, from_boot=from_boot)
 
     # --- replace -------------------------------------------------------------------------------
     @activity.defn(name=c.CLOUD_REPLACE)

@@ -24,7 +24,6 @@ CLOUD_BOOT_ID = "cloud.boot_id"
 NODE_KILL = "node.kill_gpu_processes"
 NODE_RESET = "node.reset_gpu"
 NODE_VALIDATE = "node.validate"
-NODE_BOOT_ID = "node.boot_id"
 NODE_GPU_PODS = "node.gpu_pods"
 LEDGER_RECORD = "ledger.record"
 LEDGER_COUNT_RECENT = "ledger.count_recent"
@@ -32,6 +31,8 @@ LEDGER_DENYLIST = "ledger.denylist"
 LEDGER_CHECK_DENIED = "ledger.check_denied"
 GUARD_SIGNAL = "guard.signal"
 GUARD_LIVE_HOLDERS = "guard.live_holders"
+
+DEFAULT_TASK_QUEUE = "gpuheal"  # the controller's queue: workflows and cluster-side activities
 
 QUARANTINE_TAINT = "gpuheal.io/quarantine"
 UNVALIDATED_TAINT = "gpuheal.io/unvalidated"
@@ -135,6 +136,7 @@ class RebootRequest(_Request):
 class RebootResult(BaseModel):
     instance_id: str
     rebooted: bool = Field(description="False when this key's reboot had already been sent.")
+    from_boot: str | None = Field(default=None, description="The kubelet's boot id the reboot was asked from.")
     dry_run: bool = False
 
 
@@ -186,7 +188,6 @@ class ValidationResult(BaseModel):
     passed: bool
     findings: list[Finding] = Field(default_factory=list)
     checks: list[str] = Field(default_factory=list, description="What ran: nvml, kmsg, nics, dcgm-r2 ...")
-    boot_id: str | None = None
 
 
 class BootIdRequest(_Request):
@@ -251,7 +252,7 @@ class GuardSignalRequest(BaseModel):
 
     cluster: str
     guard: GuardPolicy = Field(default_factory=GuardPolicy, description="The guard's limits, if it must be started.")
-    task_queue: str = "gpuheal"
+    task_queue: str = DEFAULT_TASK_QUEUE
     signal: str
     payload: dict[str, Any]
 

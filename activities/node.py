@@ -29,7 +29,7 @@ class NodeActivities:
 
     def activities(self) -> list:
         """What the node's worker registers on node/<name>."""
-        return [self.kill_gpu_processes, self.reset_gpu, self.validate, self.boot_id, self.gpu_pods]
+        return [self.kill_gpu_processes, self.reset_gpu, self.validate, self.gpu_pods]
 
     # --- processes -----------------------------------------------------------------------------
     def gpu_processes(self, gpus: list[int]) -> list[c.GpuProcess]:
@@ -52,10 +52,25 @@ class NodeActivities:
         """Which pod runs on which GPUs, from the GPUs' processes and their cgroups: what tells a
         failed GPU's job from its neighbours on the same node."""
         used: dict[str, set[int]] = {}
-        for p in await asyncio.to_thread(self.gpu_processes, []):
+        for p in await asyncio.to_thread(self._readable_gpu_processes):
             if p.pod is not None:
                 used.setdefault(p.pod, set()).add(p.gpu_index)
         return c.GpuPodsResult(pod_gpus={pod: sorted(g) for pod, g in used.items()})
+
+    def _readable_gpu_processes(self) -> list[c.GpuProcess]:
+        """Processes of every GPU that still answers: a lost GPU (the fault itself) lists none."""
+        self.nv.nvmlInit()
+        try:
+            count = self.nv.nvmlDeviceGetCount()
+        finally:
+            self.nv.nvmlShutdown()
+        out = []
+        for i in range(count):
+            try:
+                out += self.gpu_processes([i])
+            except pynvml.NVMLError:
+                continue
+        return out
 
     def _pod_of(self, pid: int) -> str | None:
         """The pod uid from the process's cgroup path (kubepods.slice/...pod<uid>...)."""
@@ -147,12 +162,4 @@ class NodeActivities:
                                           f"{out.decode()[-500:]}"))
         elif req.dcgm_required:
             findings.append(Finding(kind="probe_broken", message="dcgmi required by policy but not installed"))
-        return c.ValidationResult(passed=not findings, findings=findings, checks=checks, boot_id=self.read_boot_id())
-
-    # --- boot id -------------------------------------------------------------------------------
-    def read_boot_id(self) -> str:
-        return (self.proc / "sys/kernel/random/boot_id").read_text().strip()
-
-    @activity.defn(name=c.NODE_BOOT_ID)
-    async def boot_id(self, req: c.BootIdRequest) -> str:
-        return self.read_boot_id()
+        return c.ValidationResult(passed=not findings, findings=findings, checks=checks)

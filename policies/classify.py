@@ -63,7 +63,7 @@ def judge(finding: Finding, generation: Generation, policy: Policy, repeats: int
             # WORKFLOW_XID_13/31: repeats on the same GPU point at the hardware.
             attribution, rung, severity = "platform", Rung.RESET, "fatal"
             reason += f"; repeated {repeats} times on one GPU: hardware suspected"
-        if rung is None and finding.kind is FindingKind.XID and not (144 <= finding.xid <= 150):
+        if rung is None and not (144 <= finding.xid <= 150):
             severity = "info"
         return Verdict(finding=finding, fault_class=rule.fault_class, attribution=attribution,
                        severity=severity, rung=rung, reason=reason)

@@ -288,6 +288,7 @@ class Policy(_Strict):
 
 ACTIVITY_TIMEOUT_FLOOR = timedelta(seconds=10)
 _ACTIVITY_TIMEOUTS = {"action_timeout", "agent_timeout", "timeout", "heartbeat_timeout"}
+_SECONDS = {"pod_grace_seconds"}  # durations kept as whole seconds (the Kubernetes API's unit)
 
 
 def _scale(model: BaseModel, factor: float) -> BaseModel:
@@ -298,6 +299,8 @@ def _scale(model: BaseModel, factor: float) -> BaseModel:
             update[name] = value * factor
             if name in _ACTIVITY_TIMEOUTS:
                 update[name] = max(update[name], min(value, ACTIVITY_TIMEOUT_FLOOR))
+        elif name in _SECONDS:
+            update[name] = round(value * factor)
         elif isinstance(value, BaseModel):
             update[name] = _scale(value, factor)
     return model.model_copy(update=update)

@@ -86,6 +86,8 @@ class SimHost:
     seen_reboot_key: str | None = None
     replaced: bool = False
     agent: Agent | None = None
+    worker: Worker | None = None  # the agent's node-local worker on node/<name>
+    agent_down: bool = False  # the agent was stopped: no probes, no reports, nobody polls node/<name>
     injected: bool = False
     calls: list[str] = field(default_factory=list)  # node-local activities run here, in order
 
@@ -121,6 +123,13 @@ class SimHost:
             self.recurs_left -= 1
             self.await_uncordon = True
 
+    async def stop_agent(self) -> None:
+        """The agent dies (OOM-killed, evicted, crash-looping): its probe loop and its worker stop,
+        and a reboot does not bring it back."""
+        self.agent_down = True
+        if self.worker is not None:
+            await self.worker.shutdown()
+
     def acted_on(self, rung: str) -> None:
         if self.fault is not None and self.injected and CURE_ORDER[rung] >= CURE_ORDER[self.fault.cured_by]:
             self.cure()
@@ -133,6 +142,8 @@ class SimHost:
         if self.await_uncordon and not self.fleet.kube.get("Node", "", self.name)["spec"].get("unschedulable"):
             self.await_uncordon = False
             self.inject()  # the fault comes back once the node is in service again
+        if self.agent_down:
+            return
         try:
             await self.agent.step()
         except Exception as err:  # noqa: BLE001 - as the real agent's loop: a failed send is retried next poll
@@ -161,7 +172,7 @@ class SimulatedFleet:
     scenario: Scenario
     policy: Policy
     temporal: Client
-    task_queue: str = "gpuheal"
+    task_queue: str = c.DEFAULT_TASK_QUEUE
     cluster: str = "sim"
     poll_s: float = 0.2
     hosts: dict[str, SimHost] = field(default_factory=dict)
@@ -201,14 +212,15 @@ class SimulatedFleet:
         workers = []
         if controller:
             cloud = CloudActivities(*(session.client(s, endpoint_url=aws) for s in ("ec2", "autoscaling", "ssm")), core)
-            ledger, guard = LedgerActivities(SqliteLedger(self.tmp / "ledger.db")), GuardActivities(self.temporal)
+            self.ledger = SqliteLedger(self.tmp / "ledger.db")
+            ledger, guard = LedgerActivities(self.ledger), GuardActivities(self.temporal)
             workers.append(controller_worker(self.temporal, self.task_queue,
                                              controller_activities(KubeActivities(core), cloud, ledger, guard)))
         for host in self.hosts.values():
             acts = SimNodeActivities(host, self.agent_config(host).probe, host.nv, proc=host.proc, nvidia_smi=str(smi),
                                      dcgmi=str(self.tmp / "no-dcgmi"))
-            workers.append(Worker(self.temporal, task_queue=node_task_queue(host.name),
-                                  activities=acts.activities()))
+            host.worker = Worker(self.temporal, task_queue=node_task_queue(host.name), activities=acts.activities())
+            workers.append(host.worker)
         try:
             async with contextlib.AsyncExitStack() as stack:
                 for w in workers:

@@ -18,7 +18,7 @@ from temporalio.worker import Worker
 from activities.cloud import REBOOT_KEY_TAG, REBOOT_STATE_TAG, CloudActivities
 from activities.contracts import node_task_queue
 from activities.guard import GuardActivities
-from activities.kube import ATTRIBUTION_ANNOTATION, KubeActivities
+from activities.kube import KubeActivities
 from activities.ledger import LedgerActivities, SqliteLedger
 from activities.node import NodeActivities
 from health.nics import NicExpectation
@@ -145,7 +145,9 @@ async def test_reboot_class_fault_end_to_end(dev_env, aws, tmp_path, uniq):
     assert {c["type"]: c["status"] for c in n["status"]["conditions"]}["GpuHealthy"] == "True"
     evicted = [e for e in kube.evictions if e.allowed]
     assert [e.pod for e in evicted] == ["train-0"] and all(e.respected_budget for e in kube.evictions)
-    assert kube.get("Pod", "default", "train-0")["metadata"]["annotations"][ATTRIBUTION_ANNOTATION] == "platform"
+    assert "train-0" not in {p["metadata"]["name"] for p in kube.list("Pod", "default")}, "the drain waited for it to go"
+    marked = [e for e in kube.list("Event", "default") if e["reason"] == "GpuFailureAttributed"]
+    assert [e["involvedObject"]["name"] for e in marked] == ["train-0"] and "platform fault" in marked[0]["message"]
     assert instance_tags(st.ec2, st.iid)[REBOOT_STATE_TAG] == "sent"
     summaries = [json.loads(e.user_metadata.summary.data) for e in events
                  if e.event_type in (EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED, EventType.EVENT_TYPE_TIMER_STARTED)

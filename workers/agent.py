@@ -36,7 +36,7 @@ class AgentConfig:
     node: str
     policy: Policy
     cluster: str = "default"
-    task_queue: str = "gpuheal"
+    task_queue: str = c.DEFAULT_TASK_QUEUE
     generation: Generation = Generation.HOPPER
     probe: ProbeConfig = field(default_factory=ProbeConfig)
     poll_interval_s: float = 10.0

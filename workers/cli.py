@@ -9,6 +9,7 @@ import os
 import sys
 from pathlib import Path
 
+from activities import contracts as c
 from policies.loader import PolicyError, load_policy
 from workers.telemetry import METRICS_HELP, TRACING_HELP, FlagError, configure_logging
 
@@ -146,9 +147,14 @@ def cmd_controller(args) -> int:
         head, _, hold = spec.partition(":")
         ctype, _, status = head.partition("=")
         rules.append(ConditionRule(type=ctype, status=status or "True", for_s=float(hold or 0)))
+    try:
+        policy = load_policy(args.policy)
+    except PolicyError as err:
+        print(f"gpuheal controller: {err}", file=sys.stderr)
+        return 2
     cfg = ControllerConfig(task_queue=args.task_queue, kubeconfig=args.kubeconfig, ledger=args.ledger,
                            gpu_node_selector=args.gpu_node_selector or None, watch_conditions=rules,
-                           policy=load_policy(args.policy), cluster=args.cluster)
+                           policy=policy, cluster=args.cluster)
 
     async def body(client, stop) -> None:
         print(f"gpuheal controller: serving {args.task_queue} on {_address(args)}", file=sys.stderr, flush=True)
@@ -436,7 +442,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     ctl = sub.add_parser("controller", help="run the controller (workflows and cluster-side activities)")
     add_temporal_args(ctl)
-    ctl.add_argument("--task-queue", default="gpuheal")
+    ctl.add_argument("--task-queue", default=c.DEFAULT_TASK_QUEUE)
     ctl.add_argument("--kubeconfig", default=None, help="default: in-cluster config, else ~/.kube/config")
     ctl.add_argument("--ledger", default=".gpuheal/ledger.db", help="SQLite path or dynamodb://TABLE")
     ctl.add_argument("--gpu-node-selector", default="nvidia.com/gpu.present=true")
@@ -449,7 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
     agent = sub.add_parser("agent", help="run the node agent on this GPU node")
     agent.add_argument("--node", required=True)
     add_temporal_args(agent)
-    agent.add_argument("--task-queue", default="gpuheal")
+    agent.add_argument("--task-queue", default=c.DEFAULT_TASK_QUEUE)
     agent.add_argument("--cluster", default="default")
     agent.add_argument("--policy", default="default")
     agent.add_argument("--generation", default="hopper", choices=["ampere", "hopper", "blackwell"])
@@ -491,7 +497,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--xid", type=int, required=True)
     rep.add_argument("--gpu", type=int, required=True)
     rep.add_argument("--policy", default="default")
-    rep.add_argument("--task-queue", default="gpuheal")
+    rep.add_argument("--task-queue", default=c.DEFAULT_TASK_QUEUE)
     _logging_flags_everywhere(sub)
     return p
 

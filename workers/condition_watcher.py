@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from kubernetes import client, watch
 from temporalio.client import Client
 
+from activities import contracts as c
 from policies.findings import Finding, FindingKind, HealthReport
 from policies.model import Generation, Policy
 from workers.reporting import send_report
@@ -31,7 +32,7 @@ class WatcherConfig:
     rules: list[ConditionRule]
     policy: Policy
     cluster: str = "default"
-    task_queue: str = "gpuheal"
+    task_queue: str = c.DEFAULT_TASK_QUEUE
     generation: Generation = Generation.HOPPER
     label_selector: str | None = None
 

@@ -13,6 +13,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
+from activities import contracts as c
 from activities.cloud import CloudActivities
 from activities.guard import GuardActivities
 from activities.kube import KubeActivities, load_core_api
@@ -29,7 +30,7 @@ log = logging.getLogger("gpuheal.controller")
 
 @dataclass
 class ControllerConfig:
-    task_queue: str = "gpuheal"
+    task_queue: str = c.DEFAULT_TASK_QUEUE
     kubeconfig: str | None = None  # None: in-cluster config, else ~/.kube/config
     gpu_node_selector: str | None = "nvidia.com/gpu.present=true"
     ledger: str = ".gpuheal/ledger.db"  # a SQLite path, or dynamodb://<table>
@@ -48,6 +49,7 @@ def controller_activities(kube: KubeActivities, cloud: CloudActivities, ledger: 
                           guard: GuardActivities) -> list:
     """Every cluster-side activity, in one list: the controller, the simulator and the tests register it."""
     return [kube.quarantine, kube.return_to_service, kube.attribute_pods, kube.drain, kube.event, kube.fleet_size,
+            kube.check_node,
             cloud.reboot, cloud.replace, cloud.boot_id, ledger.record, ledger.count_recent, ledger.denylist,
             ledger.check_denied, guard.signal_guard, guard.live_holders]
 

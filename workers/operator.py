@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities import contracts as c
 from policies.findings import Finding, HealthReport
 from policies.loader import load_policy
 from workers.reporting import send_report
@@ -78,7 +79,7 @@ async def guard_update(client: Client, cluster: str, update: str, *args):
 
 
 async def manual_report(client: Client, node: str, xid: int, gpu: int, policy_path: str = "default",
-                        cluster: str = "default", task_queue: str = "gpuheal"):
+                        cluster: str = "default", task_queue: str = c.DEFAULT_TASK_QUEUE):
     """A person's report: its own sequence, on the node's current boot so the agent's stay valid."""
     boot = "manual"
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy
 
+from activities import contracts as c
 from policies.findings import HealthReport
 from policies.model import Generation, Policy
 from workflows.node_remediation import (
@@ -25,7 +26,7 @@ async def send_report(
     policy: Policy,
     generation: Generation = Generation.HOPPER,
     cluster: str = "default",
-    task_queue: str = "gpuheal",
+    task_queue: str = c.DEFAULT_TASK_QUEUE,
     expected_gpus: int | None = None,
     history_limit: int | None = None,
 ) -> WorkflowHandle:
@@ -51,7 +52,7 @@ async def send_report(
 
 
 async def start_admission(client: Client, *, node: str, policy: Policy, hardware_ids: list[str],
-                          task_queue: str = "gpuheal", expected_gpus: int | None = None) -> bool:
+                          task_queue: str = c.DEFAULT_TASK_QUEUE, expected_gpus: int | None = None) -> bool:
     """Start `admit/<node>` once per node; False when it already ran (or runs) for this node."""
     from temporalio.common import WorkflowIDReusePolicy
     from temporalio.exceptions import WorkflowAlreadyStartedError

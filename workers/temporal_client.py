@@ -16,7 +16,6 @@ from workers import telemetry
 
 DEFAULT_ADDRESS = "127.0.0.1:7233"
 DEFAULT_NAMESPACE = "default"
-DEFAULT_TASK_QUEUE = "gpuheal"
 
 
 @dataclass
@@ -55,8 +54,9 @@ def connect_config(opts: TemporalOptions) -> dict:
     return conf
 
 
-async def connect(address: str | None = DEFAULT_ADDRESS, namespace: str | None = DEFAULT_NAMESPACE,
+async def connect(address: str | None = None, namespace: str | None = None,
                   opts: TemporalOptions | None = None, **kwargs) -> Client:
+    """Explicit options first, then TEMPORAL_* and the config profile, then 127.0.0.1:7233."""
     opts = opts or TemporalOptions()
     opts.address, opts.namespace = opts.address or address, opts.namespace or namespace
     conf = connect_config(opts)

@@ -412,10 +412,10 @@ class NodeRemediation:
         from one that did not come back."""
         before = self.s.boot_id
         no_harm, dry = self._no_harm(), self.policy.dry_run
-        kubelet_before = await self._kubelet_boot_id() if no_harm and not dry else None
-        await self._cloud(c.CLOUD_REBOOT, c.RebootRequest(node=self.node, idempotency_key=key, dry_run=dry,
-                                                          ownership_tag=self.policy.ownership_tag),
-                          c.RebootResult, summary, rp)
+        sent = await self._cloud(c.CLOUD_REBOOT, c.RebootRequest(node=self.node, idempotency_key=key, dry_run=dry,
+                                                                 ownership_tag=self.policy.ownership_tag),
+                                 c.RebootResult, summary, rp)
+        kubelet_before = sent.from_boot
         self._record(Rung.REBOOT.value, summary, True, "reboot sent; waiting for a report from a new boot")
         try:
             await workflow.wait_condition(lambda: self.s.boot_id != before or (no_harm and self._steered()),

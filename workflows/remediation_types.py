@@ -11,6 +11,7 @@ from enum import StrEnum
 from pydantic import BaseModel, Field
 from temporalio.common import SearchAttributeKey
 
+from activities.contracts import DEFAULT_TASK_QUEUE
 from policies.classify import Triage
 from policies.findings import HealthReport
 from policies.model import Generation, Policy, Rung
@@ -120,7 +121,7 @@ class RemediationInput(BaseModel):
     generation: Generation = Generation.HOPPER
     policy: Policy
     expected_gpus: int | None = None
-    guard_task_queue: str = Field(default="gpuheal", description="Where the guard runs if it must be started.")
+    guard_task_queue: str = Field(default=DEFAULT_TASK_QUEUE, description="Where the guard runs if it must be started.")
     history_limit: int | None = Field(
         default=None, description="Continue as new past this many events (besides the server's suggestion)."
     )

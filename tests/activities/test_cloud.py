@@ -125,6 +125,7 @@ async def test_hung_node_with_pending_reboot_is_rebooted(cloud):
     sent = count_reboots(ec2)
     r = await run(acts.reboot, c.RebootRequest(node="n1", idempotency_key="ep1/reboot/1"))
     assert r.rebooted and sent == [[iid]]
+    assert r.from_boot == "boot-a", "the kubelet's boot id it rebooted from, to tell a reboot that happened"
 
 
 async def test_unowned_instance_is_refused(cloud):

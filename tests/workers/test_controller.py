@@ -52,3 +52,24 @@ async def test_controller_process_runs_an_episode(dev_env, uniq, tmp_path):
     ann = server.kube.get("Pod", "default", "job-0")["metadata"]["annotations"]
     assert ann["gpuheal.io/failure-attribution"] == "application"
     assert proc.returncode == 0 and "serving" in err
+
+
+def test_bad_policy_is_one_line_naming_the_key(tmp_path):
+    bad = tmp_path / "policy.yaml"
+    bad.write_text("ladder:\n  reboot:\n    action_timeout: soon\n")
+    run = subprocess.run([sys.executable, "-m", "workers.cli", "controller", "--policy", str(bad)],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2
+    assert "Traceback" not in run.stderr
+    assert "ladder.reboot.action_timeout" in run.stderr and len(run.stderr.strip().splitlines()) == 1
+
+
+def test_temporal_address_comes_from_the_environment():
+    """The deployed processes get their address from TEMPORAL_ADDRESS (the gpuheal-temporal ConfigMap)."""
+    import os
+
+    env = {**os.environ, "TEMPORAL_ADDRESS": "127.0.0.1:1"}
+    # A hang (dialling 127.0.0.1:7233 instead, or waiting forever) fails on the timeout.
+    run = subprocess.run([sys.executable, "-m", "workers.cli", "status"], capture_output=True, text=True, env=env,
+                         timeout=15)
+    assert run.returncode != 0 and "127.0.0.1:1" in run.stderr, run.stderr

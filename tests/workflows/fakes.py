@@ -167,12 +167,13 @@ class FakeFleet:
         n = self._node(req)
         await asyncio.sleep(self.act_delay)
         n.apply("reboot")
+        from_boot = f"kubelet-{n.boot}"
         if n.reboot_returns:
             n.boot += 1
             n.seq = 0
             if n.agent:
                 await self.report(n.name)  # the agent's first report from the new boot
-        return c.RebootResult(instance_id=f"i-{n.name}", rebooted=True)
+        return c.RebootResult(instance_id=f"i-{n.name}", rebooted=True, from_boot=from_boot)
 
     @activity.defn(name=c.CLOUD_BOOT_ID)
     async def kubelet_boot_id(self, req: c.BootIdRequest) -> str | None:

@@ -31,22 +31,29 @@ def fast_policy(**ladder_approval) -> Policy:
     return policy
 
 
-# path name -> (fault, cured_by, recurs, rungs needing approval)
+# path name -> (fault, cured_by, recurs, rungs needing approval, FakeNode options)
 PATHS = {
-    "kill_only": (13, "kill", 0, []),
-    "reset": (48, "reset", 0, []),
-    "reboot": (79, "reboot", 0, []),
-    "replace": (48, "none", 0, []),
-    "probation_recurrence": (48, "reset", 1, []),
-    "approval": (79, "reboot", 0, ["reboot"]),
+    "kill_only": (13, "kill", 0, [], {}),
+    "reset": (48, "reset", 0, [], {}),
+    "reboot": (79, "reboot", 0, [], {}),
+    "replace": (48, "none", 0, [], {}),
+    "probation_recurrence": (48, "reset", 1, [], {}),
+    "approval": (79, "reboot", 0, ["reboot"], {}),
+    # The do-no-harm paths (PATCH_DO_NO_HARM): recorded from then on.
+    "agent_missing": (48, "none", 0, [], {"agent": False}),
+    "cordon_failed": (48, "reset", 0, [], {"fail": {"kube.quarantine"}}),
+    "uncordon_failed": (48, "reset", 0, [], {"fail": {"kube.return_to_service"}}),
+    "drain_failed": (79, "reboot", 0, [], {"fail": {"kube.drain"}}),
+    "rejected": (79, "reboot", 0, [], {"exists": False}),
 }
 
 
 async def record(env: WorkflowEnvironment, name: str, write: bool = True) -> dict:
-    code, cured_by, recurs, approve = PATHS[name]
+    code, cured_by, recurs, approve, options = PATHS[name]
     u = uuid.uuid4().hex[:6]
     fleet = FakeFleet(client=env.client, task_queue=f"rec-{u}", policy=fast_policy(approve=approve), cluster=f"rec-{u}")
-    node = fleet.add(FakeNode(f"{name.replace('_', '-')}-node", [xid(code)], cured_by=cured_by, recurs=recurs))
+    node = fleet.add(FakeNode(f"{name.replace('_', '-')}-node", [xid(code)], cured_by=cured_by, recurs=recurs,
+                              **options))
     async with fleet.workers():
         handle = await fleet.report(node.name)
         if approve:
