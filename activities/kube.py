@@ -23,6 +23,9 @@ MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 EVENT_SOURCE = "gpuheal"
 TRANSIENT = (429, 500, 502, 503, 504)
 GONE_SLACK = timedelta(seconds=5)  # past a pod's deletionTimestamp before it counts as lingering
+# Threads for blocking cluster calls, and so the HTTP connections the client may keep per host
+# (urllib3 drops and warns about any beyond its pool: "connection pool is full").
+CLUSTER_CALL_THREADS = 64
 CALL_TRIES = 4  # per API call, for 429 / 5xx / dropped connections, before the activity attempt fails
 
 
@@ -293,11 +296,15 @@ def load_core_api(kubeconfig: str | None = None) -> client.CoreV1Api:
     """In-cluster config when running in a pod, else the kubeconfig, as the client loads them."""
     from kubernetes import config
 
+    cfg = client.Configuration()
+    loaded = False
     if kubeconfig is None:
         try:
-            config.load_incluster_config()
-            return client.CoreV1Api()
+            config.load_incluster_config(client_configuration=cfg)
+            loaded = True
         except config.ConfigException:
             pass
-    config.load_kube_config(config_file=kubeconfig)
-    return client.CoreV1Api()
+    if not loaded:
+        config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+    cfg.connection_pool_maxsize = CLUSTER_CALL_THREADS
+    return client.CoreV1Api(client.ApiClient(cfg))

@@ -694,6 +694,9 @@ current-context: c
     def configuration(self):
         from kubernetes import client
 
+        from activities.kube import CLUSTER_CALL_THREADS
+
         cfg = client.Configuration()
         cfg.host = self.url
+        cfg.connection_pool_maxsize = CLUSTER_CALL_THREADS
         return cfg

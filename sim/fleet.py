@@ -274,6 +274,15 @@ class SimulatedFleet:
             await asyncio.sleep(self.poll_s)
         raise TimeoutError(f"scenario {self.scenario.name} did not settle within {deadline_s:.0f}s")
 
+    async def serve(self) -> None:
+        """Keep every host beating after the scenario (the demo's --keep): hand-sent reports get
+        reboots, re-sends and validations as during the scenario. Runs until cancelled."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.gather(*(h.tick() for h in self.hosts.values()))
+            self._run_jobs(loop.time())
+            await asyncio.sleep(self.poll_s)
+
     def _run_jobs(self, now: float) -> None:
         """The jobs' controller: an evicted pod comes back on another schedulable node and turns
         Ready after the job's reschedule time, which is what lets a PDB-blocked drain go on."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -239,7 +240,7 @@ def cmd_demo(args) -> int:
     """The whole system on this machine: dev server (SQLite under .gpuheal/, UI :8233), fake API
     server, moto, controller, one simulated agent per node, and the built-in scenario."""
     from sim.scenario import BUILTIN_SCENARIOS, load_scenario
-    from workers.simulate import run_scenario
+    from workers import demo, simulate
 
     if not args.temporal:
         busy = [f"{what} port {port}" for what, port in DEMO_PORTS.items() if not _port_free(port)]
@@ -248,53 +249,36 @@ def cmd_demo(args) -> int:
                   file=sys.stderr)
             return 2
     scenario, policy = load_scenario(BUILTIN_SCENARIOS / "demo.yaml")
-    Path(".gpuheal").mkdir(exist_ok=True)
-    shown = {"t": 0.0}
+    log_file = demo.LOGS / "demo.log"
+    print(f"gpuheal demo: servers' logs go to {log_file}", flush=True)
 
-    async def progress(fleet) -> None:
-        loop = asyncio.get_running_loop()
-        if loop.time() - shown["t"] < 1.0:
-            return
-        shown["t"] = loop.time()
-        from workflows.node_remediation import NodeRemediation
-
-        rows = []
-        for host in fleet.hosts.values():
-            if not host.injected:
-                continue
-            try:
-                st = await fleet.temporal.get_workflow_handle(f"remediate/{host.name}").query(NodeRemediation.status)
-                rung = st.next_rung.value if st.next_rung else "-"
-                rows.append(f"  {host.name:<12} {st.stage.value:<18} rung {rung:<8} "
-                            f"{(st.outcome.value if st.outcome else ''):<12} {st.actions[-1].summary[:60] if st.actions else ''}")
-            except Exception:  # noqa: BLE001 - not started yet
-                rows.append(f"  {host.name:<12} (fault injected, report on its way)")
-        print("\n".join(["", "-- live --", *rows]), flush=True)
-
-    async def run() -> dict:
-        from workers import simulate
-
+    async def run() -> None:
+        demo.end_with_signals()
         opts = _temporal_options(args, "gpuheal-demo")
-        async with simulate.temporal(opts, db_file=".gpuheal/temporal.db", ui_port=8233) as client:
-            doc = await run_scenario(scenario, policy, opts, on_tick=progress, client=client)
-            print(outcome_table(doc))
-            print("\nTemporal UI, each node's remediation history:")
-            ns = client.namespace
-            for r in doc["nodes"]:
-                if r["workflow_id"]:
-                    print(f"  {r['node']:<12} {args.ui}/namespaces/{ns}/workflows?query=GpuNode%3D%22{r['node']}%22")
-            if args.keep:
-                print("\n--keep: everything stays up; Ctrl-C to stop", flush=True)
-                with contextlib.suppress(asyncio.CancelledError):
-                    await asyncio.Event().wait()
-            return doc
+        async with simulate.temporal(opts, db_file=str(demo.STATE / "temporal.db"), ui_port=8233) as client:
+            address, ns = client.service_client.config.target_host, client.namespace
 
-    import contextlib
+            async def results(doc: dict, fleet) -> None:
+                print(outcome_table(doc))
+                print("\nTemporal UI, each node's remediation history:")
+                for r in doc["nodes"]:
+                    if r["workflow_id"]:
+                        print(f"  {r['node']:<12} {args.ui}/namespaces/{ns}/workflows?query=GpuNode%3D%22{r['node']}%22")
+                sys.stdout.flush()
+                if args.keep:
+                    await demo.keep_playing(fleet, policy, address, ns)
 
-    try:
-        asyncio.run(run())
-    except KeyboardInterrupt:
-        return 0
+            await simulate.run_scenario(scenario, policy, opts, on_tick=demo.Progress(), client=client, after=results)
+
+    with demo.logs_to_file(log_file):
+        try:
+            asyncio.run(run())
+        except (KeyboardInterrupt, asyncio.CancelledError):
+            pass
+        except Exception as err:  # noqa: BLE001 - one line on the console, the trace in the log
+            logging.getLogger("gpuheal.demo").exception("demo failed")
+            print(f"gpuheal demo: {type(err).__name__}: {err} (see {log_file})", flush=True)
+            return 1
     return 0
 
 

@@ -16,7 +16,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 from activities import contracts as c
 from activities.cloud import CloudActivities
 from activities.guard import GuardActivities
-from activities.kube import KubeActivities, load_core_api
+from activities.kube import CLUSTER_CALL_THREADS, KubeActivities, load_core_api
 from activities.ledger import DynamoLedger, LedgerActivities, SqliteLedger
 from policies.loader import default_policy
 from policies.model import Policy
@@ -79,7 +79,7 @@ def controller_worker(client: Client, task_queue: str, activities: list, max_con
     storm of cordons would queue behind."""
     loop = asyncio.get_running_loop()
     if not isinstance(getattr(loop, "_default_executor", None), _ClusterCallPool):
-        loop.set_default_executor(_ClusterCallPool(max_workers=64, thread_name_prefix="cluster-call"))
+        loop.set_default_executor(_ClusterCallPool(max_workers=CLUSTER_CALL_THREADS, thread_name_prefix="cluster-call"))
     return Worker(client, task_queue=task_queue, workflows=workflows or CONTROLLER_WORKFLOWS, activities=activities,
                   max_concurrent_activities=max_concurrent_activities, max_concurrent_local_activities=200,
                   max_concurrent_workflow_tasks=200, max_concurrent_workflow_task_polls=8,

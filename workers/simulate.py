@@ -101,15 +101,16 @@ async def wait_visible(client: Client, nodes: list[str], timeout_s: float = 10.0
 
 
 async def run_scenario(scenario: Scenario, policy: Policy, opts: TemporalOptions | str | None = None,
-                       on_tick=None, client: Client | None = None) -> dict:
-    """Play a scenario on `client`, or on the server `opts` names (the embedded one if none)."""
+                       on_tick=None, client: Client | None = None, after=None) -> dict:
+    """Play a scenario on `client`, or on the server `opts` names (the embedded one if none).
+    `after(doc, fleet)` runs with the fleet still up (the demo's --keep)."""
     async with contextlib.AsyncExitStack() as stack:
         if client is None:
             client = await stack.enter_async_context(temporal(opts))
-        return await _play(scenario, policy, client, on_tick)
+        return await _play(scenario, policy, client, on_tick, after)
 
 
-async def _play(scenario: Scenario, policy: Policy, client: Client, on_tick) -> dict:
+async def _play(scenario: Scenario, policy: Policy, client: Client, on_tick, after=None) -> dict:
     with moto_server() as moto_url:
         fleet = SimulatedFleet(scenario, policy, client, task_queue=f"gpuheal-sim-{uuid.uuid4().hex[:6]}",
                                cluster=f"sim-{uuid.uuid4().hex[:6]}")
@@ -134,4 +135,7 @@ async def _play(scenario: Scenario, policy: Policy, client: Client, on_tick) -> 
                 if not e.allowed:
                     refused[e.node] = refused.get(e.node, 0) + 1
             fleet_doc["evictions_refused_by_pdb"] = refused  # node -> 429s its drain waited through
-    return {"scenario": scenario.name, "nodes": rows, "fleet": fleet_doc}
+            doc = {"scenario": scenario.name, "nodes": rows, "fleet": fleet_doc}
+            if after is not None:
+                await after(doc, fleet)
+    return doc

@@ -120,8 +120,26 @@ def _node_from_workflow_id(workflow_id: str | None) -> str | None:
     return None
 
 
+class ExpectedFailureOneLine(logging.Filter):
+    """An activity that failed with one of gpuheal's typed, non-retryable errors (a reset refused
+    while processes remain, a cordon that did not stick) is an answer the workflow acts on, not a
+    crash: one line with its type and message, no traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from temporalio.exceptions import ApplicationError
+
+        from activities.errors import NON_RETRYABLE
+
+        err = record.exc_info[1] if record.exc_info else None
+        if isinstance(err, ApplicationError) and err.type in NON_RETRYABLE:
+            record.msg = f"{record.getMessage()}: {err.type}: {err.message}"
+            record.args, record.exc_info, record.exc_text = None, None, None
+        return True
+
+
 def configure_logging(level: str, fmt: str) -> None:
     handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(ExpectedFailureOneLine())
     # On the handler too: libraries that set their own logger level (werkzeug, under moto) still
     # propagate to it.
     handler.setLevel(level.upper())

@@ -23,7 +23,7 @@ from workflows.node_remediation import RemediationResult
 async def test_controller_process_runs_an_episode(dev_env, uniq, tmp_path):
     server = FakeKubeServer().start()
     node, tq = f"ctl-{uniq}", f"ctl-{uniq}"
-    server.kube.add_node(node)
+    server.kube.add_node(node, labels={"nvidia.com/gpu.present": "true"})  # the controller's GPU node selector
     server.kube.add_pod("job-0", node)
     cfg = server.write_kubeconfig(tmp_path / "kubeconfig")
     address = dev_env.client.service_client.config.target_host

@@ -1,0 +1,89 @@
+"""`gpuheal demo --keep` as a person runs it: a clean console, a playground that answers a
+hand-sent report with a full episode, and SIGTERM ending every child it started."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+
+from workflows.node_remediation import RemediationResult, remediation_workflow_id
+
+ROOT = Path(__file__).resolve().parents[2]
+ACCESS_LOG = re.compile(r'"(GET|POST|PUT|PATCH|DELETE) [^"]+ HTTP/1\.[01]" \d{3}')
+
+
+def children(pid: int) -> set[int]:
+    out = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.add(int(stat.parent.name))
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def wait_for_line(path: Path, pattern: str, proc: subprocess.Popen, timeout: float) -> str:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        text = path.read_text()
+        if pattern in text:
+            return text
+        assert proc.poll() is None, f"demo exited {proc.returncode}:\n{text[-3000:]}"
+        time.sleep(0.5)
+    raise AssertionError(f"{pattern!r} not printed within {timeout}s:\n{path.read_text()[-3000:]}")
+
+
+@pytest.mark.timeout(420)
+async def test_demo_keep_is_a_clean_playground_and_sigterm_ends_it(tmp_path):
+    out = tmp_path / "demo.out"
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    with out.open("w") as fh:
+        proc = subprocess.Popen([sys.executable, "-m", "workers.cli", "demo", "--keep"], cwd=tmp_path, env=env,
+                                stdout=fh, stderr=subprocess.STDOUT)
+    try:
+        text = await asyncio.to_thread(wait_for_line, out, "--keep:", proc, 300)
+        assert "Traceback" not in text and not ACCESS_LOG.search(text), text
+        assert "connection pool is full" not in text
+        assert (tmp_path / ".gpuheal/logs/demo.log").stat().st_size > 0, "the servers' logs went to the file"
+        await asyncio.sleep(1)
+        report_cmd = next(line.strip() for line in out.read_text().splitlines() if line.strip().startswith("gpuheal report"))
+        argv = shlex.split(report_cmd)
+        node, address = argv[2], argv[argv.index("--temporal") + 1]
+        sent = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "workers.cli", *argv[1:]], cwd=tmp_path,
+                                       capture_output=True, text=True, timeout=60)
+        assert sent.returncode == 0, sent.stderr
+        client = await Client.connect(address, data_converter=pydantic_data_converter)
+        handle = client.get_workflow_handle(remediation_workflow_id(node), result_type=RemediationResult)
+        result = await asyncio.wait_for(handle.result(), 120)
+        assert (result.outcome, result.rungs) == ("returned", ["reboot"]), result
+        kids = children(proc.pid)
+        assert kids, "the demo runs its dev server as a child"
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(proc.wait, 60) == 0
+        await asyncio.sleep(1)
+        assert not [k for k in kids if alive(k)], "a child outlived the demo"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
