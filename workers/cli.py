@@ -250,7 +250,6 @@ def cmd_demo(args) -> int:
             return 2
     scenario, policy = load_scenario(BUILTIN_SCENARIOS / "demo.yaml")
     log_file = demo.LOGS / "demo.log"
-    print(f"gpuheal demo: servers' logs go to {log_file}", flush=True)
 
     async def run() -> None:
         demo.end_with_signals()
@@ -271,6 +270,7 @@ def cmd_demo(args) -> int:
             await simulate.run_scenario(scenario, policy, opts, on_tick=demo.Progress(), client=client, after=results)
 
     with demo.logs_to_file(log_file):
+        print(f"gpuheal demo: servers' logs go to {log_file}", flush=True)
         try:
             asyncio.run(run())
         except (KeyboardInterrupt, asyncio.CancelledError):

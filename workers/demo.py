@@ -75,14 +75,25 @@ def logs_to_file(path: Path):
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     handler.addFilter(telemetry.ExpectedFailureOneLine())
     logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
-    saved = os.dup(2)
-    os.dup2(log.fileno(), 2)  # child processes (the dev server) and native code write to fd 2
+    # Child processes (the dev server's banner and log) and native code write to fds 1 and 2:
+    # both go to the log, and the console gets its own descriptor as sys.stdout.
+    saved_out, saved_err = os.dup(1), os.dup(2)
+    sys.stdout.flush()
+    console, real_stdout = os.fdopen(os.dup(saved_out), "w", buffering=1), sys.stdout
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    sys.stdout = console
     try:
         yield
     finally:
+        console.flush()
         sys.stderr.flush()
-        os.dup2(saved, 2)
-        os.close(saved)
+        sys.stdout = real_stdout
+        os.dup2(saved_out, 1)
+        os.dup2(saved_err, 2)
+        for fd in (saved_out, saved_err):
+            os.close(fd)
+        console.close()
         log.close()
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
+
 from policies.findings import Finding
 from policies.loader import default_policy
 from tests.workflows.fakes import FakeNode, xid
@@ -142,38 +144,33 @@ async def test_failed_drain_stops_before_the_rung(ts_env, uniq):
     assert "cloud.reboot" not in n.calls and n.cordoned
 
 
-async def test_cancel_while_awaiting_approval(ts_env, uniq):
+def approval_policy():
     policy = default_policy()
     policy.ladder.reboot.requires_approval = True
-    fleet = make_fleet(ts_env, uniq, policy)
-    n = fleet.add(FakeNode(f"apcancel-{uniq}", [xid(79)], cured_by="reboot"))
+    return policy
+
+
+async def awaiting_approval(handle) -> bool:
+    return (await handle.query(NodeRemediation.status)).awaiting_approval is not None
+
+
+@pytest.mark.parametrize("steer", ["cancel", "skip_to"])
+async def test_operator_steers_while_awaiting_approval(ts_env, uniq, steer):
+    """A cancel or a skip ends the wait for approval at once (it used to wait out the 24 h)."""
+    fleet = make_fleet(ts_env, uniq, approval_policy())
+    n = fleet.add(FakeNode(f"ap{steer[:4]}-{uniq}", [xid(79)], cured_by="reboot"))
     async with fleet.workers():
         handle = await fleet.report(n.name)
-
-        async def awaiting():
-            return (await handle.query(NodeRemediation.status)).awaiting_approval == "reboot"
-
-        await wait_for(awaiting)
-        await handle.execute_update(NodeRemediation.cancel, "hands-on repair")
+        await wait_for(lambda: awaiting_approval(handle))
+        if steer == "cancel":
+            await handle.execute_update(NodeRemediation.cancel, "hands-on repair")
+        else:
+            await handle.execute_update(NodeRemediation.skip_to, "replace")
         result = await handle.result()
-    assert result.outcome == "quarantined" and "hands-on repair" in result.reason
-
-
-async def test_skip_while_awaiting_approval(ts_env, uniq):
-    policy = default_policy()
-    policy.ladder.reboot.requires_approval = True
-    fleet = make_fleet(ts_env, uniq, policy)
-    n = fleet.add(FakeNode(f"apskip-{uniq}", [xid(79)], cured_by="reboot"))
-    async with fleet.workers():
-        handle = await fleet.report(n.name)
-
-        async def awaiting():
-            return (await handle.query(NodeRemediation.status)).awaiting_approval == "reboot"
-
-        await wait_for(awaiting)
-        await handle.execute_update(NodeRemediation.skip_to, "replace")
-        result = await handle.result()
-    assert (result.outcome, result.rungs) == ("replaced", ["replace"])
+    if steer == "cancel":
+        assert result.outcome == "quarantined" and "hands-on repair" in result.reason
+    else:
+        assert (result.outcome, result.rungs) == ("replaced", ["replace"])
 
 
 async def test_long_pause_gives_the_lease_back(dev_env, uniq):
