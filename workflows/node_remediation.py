@@ -391,7 +391,7 @@ class NodeRemediation:
                 await self._cloud(c.CLOUD_REPLACE, c.ReplaceRequest(
                     node=self.node, idempotency_key=key, mode=self.policy.replacement,
                     ownership_tag=self.policy.ownership_tag, dry_run=dry), c.ReplaceResult, summary, rp)
-                self._record(rung.value, summary, True)
+                self._record(rung.value, summary, True, self._take_drain_note())
                 return True
         except ActivityError as err:
             if self._no_harm() and agent_gone(err):
@@ -401,7 +401,7 @@ class NodeRemediation:
                 return False
             self._record(rung.value, summary, False, _cause(err))
             return False
-        self._record(rung.value, summary, True)
+        self._record(rung.value, summary, True, self._take_drain_note())
         await workflow.sleep(max(rp.return_timeout, timedelta(milliseconds=1)),
                              summary=f"let {self.node} settle after {rung.value}")
         return True
@@ -416,7 +416,8 @@ class NodeRemediation:
                                                                  ownership_tag=self.policy.ownership_tag),
                                  c.RebootResult, summary, rp)
         kubelet_before = sent.from_boot
-        self._record(Rung.REBOOT.value, summary, True, "reboot sent; waiting for a report from a new boot")
+        self._record(Rung.REBOOT.value, summary, True,
+                     "; ".join(x for x in ("reboot sent; waiting for a report from a new boot", self._take_drain_note()) if x))
         try:
             await workflow.wait_condition(lambda: self.s.boot_id != before or (no_harm and self._steered()),
                                           timeout=rp.return_timeout,
@@ -614,6 +615,12 @@ class NodeRemediation:
                                                          start_to_close_timeout=start_to_close, retry_policy=retry)
         return await workflow.execute_activity(name, arg, result_type=result_type, start_to_close_timeout=start_to_close,
                                                heartbeat_timeout=heartbeat, summary=summary, retry_policy=retry)
+
+    def _take_drain_note(self) -> str:
+        """What the rung's record says of pods the drain left (timed out and escalated): the rung
+        itself stopped them. Said once, by the rung that went ahead."""
+        left, self.s.drain_left = self.s.drain_left, []
+        return f"went ahead over {len(left)} pods the drain left ({', '.join(left[:3])})" if left else ""
 
     def _no_harm(self) -> bool:
         """The do-no-harm rules (see PATCH_DO_NO_HARM); histories from before replay without them."""

@@ -43,6 +43,7 @@ class FakeNode:
     cordoned: bool = False
     calls: list[str] = field(default_factory=list)
     hold: asyncio.Event | None = None  # drain waits on it when set (tests steer timing)
+    pdb_stuck: bool = False  # the drain times out with the job's pod still there (escalate)
     agent: bool = True  # False: nobody polls node/<name> and no report comes from a new boot
     exists: bool = True  # False: the API server has no such node
     fail: set[str] = field(default_factory=set)  # activity names that fail for good (NoEffect) on this node
@@ -143,6 +144,8 @@ class FakeFleet:
         self.max_disruptive = max(self.max_disruptive, len(self.disruptive_now))
         if n.hold is not None:
             await n.hold.wait()
+        if n.pdb_stuck:
+            return c.DrainResult(remaining=[f"default/job-on-{n.name}"], timed_out=True, pdb_blocked=5)
         return c.DrainResult(evicted=[f"default/job-on-{n.name}"])
 
     @activity.defn(name=c.KUBE_EVENT)

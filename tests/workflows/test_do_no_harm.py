@@ -144,6 +144,22 @@ async def test_failed_drain_stops_before_the_rung(ts_env, uniq):
     assert "cloud.reboot" not in n.calls and n.cordoned
 
 
+async def test_escalated_drain_is_said_in_the_history(ts_env, uniq):
+    """A drain that timed out under `timeout_action: escalate` is a failed step naming the pods left,
+    and the rung that went ahead over them says so."""
+    fleet = make_fleet(ts_env, uniq)
+    n = fleet.add(FakeNode(f"stuck-{uniq}", [xid(48)], cured_by="reset", pdb_stuck=True))
+    async with fleet.workers():
+        handle = await fleet.report(n.name)
+        result = await handle.result()
+        status = await handle.query(NodeRemediation.status)
+    assert (result.outcome, result.rungs) == ("returned", ["reset"])
+    drain = next(a for a in status.actions if a.step == "drain")
+    assert not drain.ok and f"default/job-on-{n.name}" in drain.detail and "escalate" in drain.detail
+    reset = next(a for a in status.actions if a.step == "reset")
+    assert "went ahead over 1 pods the drain left" in reset.detail
+
+
 def approval_policy():
     policy = default_policy()
     policy.ladder.reboot.requires_approval = True
