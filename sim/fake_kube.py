@@ -275,6 +275,12 @@ class FakeKube:
         self.changed.notify_all()
         return obj
 
+    def compact(self) -> None:
+        """Forget the event history, as etcd compaction does: a watch from an older
+        resourceVersion is answered 410 Gone (reason Expired) and the client must list again."""
+        with self.lock:
+            del self.log[:-1]
+
     def put(self, kind: str, obj: dict, namespace: str | None = None) -> dict:
         """Create (tests and scenarios seed the cluster through this, or through the API)."""
         with self.lock:

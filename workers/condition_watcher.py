@@ -4,17 +4,22 @@ agent) turned into the same health reports the agent sends: one format, one vali
 from __future__ import annotations
 
 import asyncio
+import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from kubernetes import client, watch
+from kubernetes.client.rest import ApiException
 from temporalio.client import Client
 
 from activities import contracts as c
 from policies.findings import Finding, FindingKind, HealthReport
 from policies.model import Generation, Policy
 from workers.reporting import send_report
+
+log = logging.getLogger("gpuheal.watcher")
 
 
 @dataclass(frozen=True)
@@ -83,15 +88,55 @@ class ConditionWatcher:
         return report
 
     async def run(self, stop: asyncio.Event, timeout_s: int = 30) -> None:
-        """List, then watch from the list's resourceVersion; re-list on expiry (410)."""
+        """List, then watch from the list's resourceVersion, each event handled as it arrives; when
+        a watch times out, resume from the last resourceVersion seen; on 410 Gone, list again."""
         while not stop.is_set():
             nodes = await asyncio.to_thread(self.core.list_node, label_selector=self.config.label_selector)
             for n in nodes.items:
                 await self.observe(n)
             rv = nodes.metadata.resource_version
-            events = await asyncio.to_thread(lambda rv=rv: list(watch.Watch().stream(
-                self.core.list_node, resource_version=rv, timeout_seconds=timeout_s,
-                label_selector=self.config.label_selector)))
-            for ev in events:
+            while not stop.is_set() and rv is not None:
+                rv = await self._watch_from(rv, stop, timeout_s)
+
+    async def _watch_from(self, rv: str, stop: asyncio.Event, timeout_s: int) -> str | None:
+        """One watch call, streamed: returns the resourceVersion to resume from, None to re-list."""
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+        w = watch.Watch()
+
+        def pump() -> None:  # a daemon thread: a stopping controller does not wait for the call's timeout
+            try:
+                for ev in w.stream(self.core.list_node, resource_version=rv, timeout_seconds=timeout_s,
+                                   label_selector=self.config.label_selector):
+                    loop.call_soon_threadsafe(events.put_nowait, ev)
+                loop.call_soon_threadsafe(events.put_nowait, {"type": "END"})
+            except Exception as err:  # noqa: BLE001 - handed to the loop, which decides
+                loop.call_soon_threadsafe(events.put_nowait, {"type": "FAILED", "error": err})
+
+        threading.Thread(target=pump, name="node-watch", daemon=True).start()
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            while True:
+                got = asyncio.ensure_future(events.get())
+                await asyncio.wait({got, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                if not got.done():
+                    got.cancel()
+                    w.stop()
+                    return None
+                ev = got.result()
+                if ev["type"] == "END":
+                    return rv
+                if ev["type"] == "FAILED":
+                    err = ev["error"]
+                    if not (isinstance(err, ApiException) and err.status == 410):
+                        log.warning("node watch failed (%s): listing again", err)
+                        await asyncio.sleep(1)
+                    return None  # 410 Gone: the resourceVersion is compacted away
+                if ev["type"] == "ERROR":
+                    return None
+                obj = ev["object"]
+                rv = obj.metadata.resource_version or rv
                 if ev["type"] in ("ADDED", "MODIFIED"):
-                    await self.observe(ev["object"])
+                    await self.observe(obj)
+        finally:
+            stopping.cancel()

@@ -60,3 +60,56 @@ async def test_condition_held_long_enough_reports_then_recovers(ts_env, uniq):
         api.close()
         server.stop()
     assert watcher.sent == 2
+
+
+class SeenWatcher(ConditionWatcher):
+    """The real list/watch loop; what it hands to `observe` is recorded instead of sent."""
+
+    def __init__(self, core):
+        super().__init__(None, core, WatcherConfig(rules=[ConditionRule(type="XidCriticalError")],
+                                                   policy=default_policy()))
+        self.seen: list[tuple[str, str | None]] = []
+        self.changed = asyncio.Event()
+
+    async def observe(self, node):
+        cond = next((x.status for x in node.status.conditions or [] if x.type == "XidCriticalError"), None)
+        self.seen.append((node.metadata.name, cond))
+        self.changed.set()
+
+
+def set_condition(kube, node: str, status: str) -> None:
+    kube.patch("Node", "", node, {"status": {"conditions": [{"type": "XidCriticalError", "status": status}]}},
+               "application/strategic-merge-patch+json", "status")
+
+
+async def until(watcher: SeenWatcher, entry) -> None:
+    while entry not in watcher.seen:
+        watcher.changed.clear()
+        await watcher.changed.wait()
+
+
+async def test_watch_streams_events_resumes_relists_on_410_and_stops_promptly():
+    server = FakeKubeServer().start()
+    api = client.ApiClient(server.configuration())
+    watcher = SeenWatcher(client.CoreV1Api(api))
+    server.kube.add_node("w1")
+    stop = asyncio.Event()
+    task = asyncio.get_running_loop().create_task(watcher.run(stop, timeout_s=30))
+    try:
+        await asyncio.wait_for(until(watcher, ("w1", None)), 10)  # the initial list
+        set_condition(server.kube, "w1", "True")
+        # Streamed as it happens, not when the 30 s watch call ends.
+        await asyncio.wait_for(until(watcher, ("w1", "True")), 5)
+        server.kube.add_node("w2")
+        set_condition(server.kube, "w1", "False")
+        await asyncio.wait_for(until(watcher, ("w1", "False")), 5)
+        await asyncio.wait_for(until(watcher, ("w2", None)), 5)
+        # A watch from a resourceVersion compacted away is told 410 Gone: the loop lists again.
+        server.kube.compact()
+        assert await asyncio.wait_for(watcher._watch_from("1", asyncio.Event(), 5), 5) is None
+        stop.set()
+        await asyncio.wait_for(task, 3)  # stops without waiting out the watch call
+    finally:
+        stop.set()
+        api.close()
+        server.stop()
