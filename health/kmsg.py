@@ -7,6 +7,8 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from policies.findings import RECOVERY_ACTION_BY_CODE, Finding, FindingKind
 
 # /dev/kmsg records start "prio,seq,usec,flags;"; dmesg adds "[timestamp]"; journald "kernel:".
@@ -16,7 +18,8 @@ _XID = re.compile(r"NVRM: Xid \((?:PCI:)?" + _BUS + r"\): (?P<xid>\d+)(?:, (?P<r
 _OFF_BUS = re.compile(r"NVRM: GPU (?:at )?(?:PCI:)?" + _BUS + r": GPU has fallen off the bus")
 _GPU_AT = re.compile(r"NVRM: GPU at (?:PCI:)?" + _BUS + r": (?P<uuid>GPU-[0-9A-Fa-f-]+)")
 _RECOVERY = re.compile(r"recovery action changed from 0x[0-9A-Fa-f]+ \([^)]*\) to 0x(?P<code>[0-9A-Fa-f]+)")
-_FATALITY = re.compile(r"\b(?P<sev>Fatal|Nonfatal)\b")
+# NVLink5 subcode severity as drivers spell it: Fatal, Nonfatal, NonFatal, non-fatal, Non-Fatal.
+_FATALITY = re.compile(r"\b(?P<non>non[- ]?)?fatal\b", re.IGNORECASE)
 
 
 def bus_key(pci: str) -> tuple[int, int, int]:
@@ -31,8 +34,18 @@ class KmsgParser:
     def __init__(self, uuid_by_bus: dict[str, str] | None = None, index_by_bus: dict[str, int] | None = None):
         self._uuids = {bus_key(k): v for k, v in (uuid_by_bus or {}).items()}
         self._index = {bus_key(k): v for k, v in (index_by_bus or {}).items()}
+        self.rejected: list[tuple[str, str]] = []  # (line, why) for lines that could not make a finding
 
     def parse_line(self, line: str) -> Finding | None:
+        """The finding on one line, or None. A line that looks like a fault but cannot make one
+        (an Xid code out of range) is kept in `rejected` and skipped, never failing the batch."""
+        try:
+            return self._parse_line(line)
+        except ValidationError as err:
+            self.rejected.append((line[:300], err.errors()[0]["msg"]))
+            return None
+
+    def _parse_line(self, line: str) -> Finding | None:
         text = _RECORD_PREFIX.sub("", line.rstrip("\n"))
         if (m := _GPU_AT.search(text)) is not None:
             self._uuids[bus_key(m["pci"])] = m["uuid"]
@@ -52,8 +65,10 @@ class KmsgParser:
             action = RECOVERY_ACTION_BY_CODE.get(int(r["code"], 16))
             return self._finding(FindingKind.RECOVERY_ACTION, m["pci"], code, text, recovery_action=action)
         fatal = None
-        if 144 <= code <= 150 and (f := _FATALITY.search(rest)) is not None:
-            fatal = f["sev"] == "Fatal"  # NVLink5: the subcode's severity decides the action
+        if 144 <= code <= 150:
+            # NVLink5: the subcode's severity decides the action; one we cannot read fails closed.
+            f = _FATALITY.search(rest)
+            fatal = True if f is None else not f["non"]
         return self._finding(FindingKind.XID, m["pci"], code, text, fatal=fatal)
 
     def _finding(self, kind: FindingKind, pci: str, xid: int | None, text: str, **extra) -> Finding:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,4 +83,7 @@ def kmsg_findings(lines, gpus: list[GpuIds]) -> list[Finding]:
     """Kernel-log lines, with bus ids mapped to the GPUs NVML enumerated."""
     parser = KmsgParser(uuid_by_bus={g.pci: g.uuid for g in gpus if g.pci},
                         index_by_bus={g.pci: g.index for g in gpus if g.pci})
-    return parser.parse(lines)
+    found = parser.parse(lines)
+    for line, why in parser.rejected:
+        logging.getLogger("gpuheal.kmsg").warning("kernel-log line rejected (%s): %s", why, line)
+    return found

@@ -52,7 +52,9 @@ def test_fallen_off_bus_without_xid():
     assert (f.kind, f.xid, f.pci) == ("gpu_lost", None, "0000:18:00")
 
 
-@pytest.mark.parametrize("sev,fatal", [("Fatal", True), ("Nonfatal", False)])
+@pytest.mark.parametrize("sev,fatal", [("Fatal", True), ("Nonfatal", False), ("NonFatal", False),
+                                       ("non-fatal", False), ("Non-Fatal", False), ("FATAL", True),
+                                       ("Uncategorized", True)])
 def test_nvlink5_subcode_severity(sev, fatal):
     line = f"NVRM: Xid (PCI:0000:1b:00): 145, pid=77, name=python, RLW_REMAP {sev} XC0 i0 Link 12 (0x00004000 0x0)"
     f = KmsgParser().parse_line(line)
@@ -108,3 +110,13 @@ def test_follower_reads_only_new_lines(tmp_path):
     assert f.poll() == []
     log.write_text("new\n")  # rotated: shorter than before
     assert f.poll() == ["new"]
+
+
+def test_one_bad_line_is_one_rejected_line():
+    """An Xid code out of range cannot make a finding: that line is rejected, the batch goes on."""
+    parser = KmsgParser()
+    found = parser.parse(["NVRM: Xid (PCI:0000:1b:00): 79, pid=1, GPU has fallen off the bus.",
+                          "NVRM: Xid (PCI:0000:1b:00): 999999999, pid=2, garbage",
+                          "NVRM: Xid (PCI:0000:1c:00): 48, pid=3, DBE"])
+    assert [f.xid for f in found] == [79, 48]
+    assert len(parser.rejected) == 1 and "999999999" in parser.rejected[0][0]
