@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Iterable
@@ -13,6 +14,7 @@ from policies.findings import RECOVERY_ACTION_BY_CODE, Finding, FindingKind
 
 # /dev/kmsg records start "prio,seq,usec,flags;"; dmesg adds "[timestamp]"; journald "kernel:".
 _RECORD_PREFIX = re.compile(r"^\d+,\d+,\d+,[^;]*;")
+_RECORD_SEQ = re.compile(r"^\d+,(?P<seq>\d+),\d+,[^;]*;")
 _BUS = r"(?P<pci>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})(?:\.[0-7])?"
 _XID = re.compile(r"NVRM: Xid \((?:PCI:)?" + _BUS + r"\): (?P<xid>\d+)(?:, (?P<rest>.*))?$")
 _OFF_BUS = re.compile(r"NVRM: GPU (?:at )?(?:PCI:)?" + _BUS + r": GPU has fallen off the bus")
@@ -83,18 +85,56 @@ class KmsgFollower:
 
     /dev/kmsg hands out one record per read and EAGAIN at the end (opened non-blocking); a file
     (a journal export, a test log) is followed by offset and re-read from the start if it shrinks.
+    With a `state` file (on the host, surviving the agent's container) the last record sequence
+    number read in this boot is kept, so a restarted agent (a DaemonSet rollout) reads on from
+    where its predecessor stopped instead of re-reporting every fault since boot.
     """
 
-    def __init__(self, path: str | Path = "/dev/kmsg"):
+    def __init__(self, path: str | Path = "/dev/kmsg", state: str | Path | None = None, boot_id: str = ""):
         self.path = Path(path)
+        self.state = Path(state) if state is not None else None
+        self.boot_id = boot_id
         self._fd: int | None = None
         self._offset = 0
         self._partial = b""
+        self.last_seq = self._load_seq()
 
     def poll(self) -> list[str]:
         """Raises OSError when the log cannot be read: the caller turns that into probe_broken."""
-        if self.path.is_char_device():
-            return self._poll_kmsg()
+        lines = self._poll_kmsg() if self.path.is_char_device() else self._poll_file()
+        fresh = [line for line in lines if self._is_new(line)]
+        if fresh and self.state is not None:
+            self._save_seq()
+        return fresh
+
+    def _is_new(self, line: str) -> bool:
+        m = _RECORD_SEQ.match(line)
+        if m is None:
+            return True  # not a kmsg record (a dmesg or journal line): no sequence to go by
+        seq = int(m["seq"])
+        if self.last_seq is not None and seq <= self.last_seq:
+            return False
+        self.last_seq = seq
+        return True
+
+    def _load_seq(self) -> int | None:
+        try:
+            boot, seq = self.state.read_text().split() if self.state else ("", "")
+        except (OSError, ValueError):
+            return None
+        return int(seq) if boot == self.boot_id and seq.isdigit() else None
+
+    def _save_seq(self) -> None:
+        try:
+            self.state.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.state.with_suffix(".tmp")
+            tmp.write_text(f"{self.boot_id} {self.last_seq}\n")
+            tmp.replace(self.state)
+        except OSError as err:  # the position is an optimisation: losing it re-reads, never misses
+            logging.getLogger("gpuheal.kmsg").warning("cannot keep the kernel-log position in %s: %s",
+                                                      self.state, err.strerror)
+
+    def _poll_file(self) -> list[str]:
         size = self.path.stat().st_size
         if size < self._offset:
             self._offset, self._partial = 0, b""

@@ -44,6 +44,7 @@ class AgentConfig:
     resend_interval_s: float = 300.0  # while unhealthy, re-send so a lost signal heals
     event_hold_s: float = 600.0  # how long a one-shot Xid event counts as a current finding
     kmsg: Path | None = Path("/dev/kmsg")  # the fallback when NVML events are missing; None: off
+    kmsg_state: Path | None = None  # where the kernel-log position is kept (on the host: survives restarts)
     admit_on_start: bool = True  # a node's first agent report starts its admission (admit/<node>)
 
 
@@ -55,13 +56,15 @@ class Agent:
     def __init__(self, client: Client, config: AgentConfig, nv=pynvml, boot_id: str | None = None, clock=time.monotonic):
         self.client, self.config, self.nv, self.clock = client, config, nv, clock
         self.boot_id = boot_id or Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-        self.seq = 0
+        # Never backwards within a boot, across restarts too (an open episode rejects a lower seq).
+        self.seq = time.time_ns() // 1000
         self.streak: dict[tuple, int] = {}
         self.events: dict[tuple, tuple[Finding, float]] = {}
         self.sent: tuple = ()  # fingerprint of what the workflow last heard; () = healthy
         self.sent_at: float | None = None
         self.signals = 0
-        self.kmsg = KmsgFollower(config.kmsg) if config.kmsg is not None else None
+        self.kmsg = (KmsgFollower(config.kmsg, config.kmsg_state, self.boot_id)
+                     if config.kmsg is not None else None)
         self.announce = True  # first cycle after (re)start: an open episode must hear of this boot
         # Event ids: seeded from the wall clock so a restarted agent never reuses one.
         self._event_ids = itertools.count(time.time_ns() // 1000)

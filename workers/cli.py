@@ -176,6 +176,7 @@ def cmd_agent(args) -> int:
         return 2
     config = AgentConfig(node=args.node, policy=policy, cluster=args.cluster, task_queue=args.task_queue,
                          generation=args.generation, poll_interval_s=args.poll_interval,
+                         kmsg_state=Path(args.kmsg_state) if args.kmsg_state else None,
                          probe=ProbeConfig(expected_gpus=args.expected_gpus, generation=args.generation))
 
     async def body(client, stop) -> None:
@@ -445,6 +446,8 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_argument("--generation", default="hopper", choices=["ampere", "hopper", "blackwell"])
     agent.add_argument("--expected-gpus", type=int, default=8)
     agent.add_argument("--poll-interval", type=float, default=10.0)
+    agent.add_argument("--kmsg-state", default="/var/lib/gpuheal/kmsg-position",
+                       help="file on the host keeping the kernel-log position, so a restarted agent reads on")
     agent.set_defaults(func=cmd_agent)
 
     sim = sub.add_parser("simulate", help="run a scenario on a simulated fleet, print each node's outcome")

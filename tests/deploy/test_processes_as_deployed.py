@@ -27,6 +27,7 @@ from workflows.node_remediation import NodeRemediation, RemediationResult, remed
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICY_MOUNT = "/etc/gpuheal/policy.yaml"
+KMSG_STATE = "/var/lib/gpuheal/kmsg-position"  # a hostPath on the node
 QUICK = {"ladder": {"reboot": {"return_timeout": "3s"}}, "validation": {"soak": "1s"},
          "drain": {"checkpoint_grace": "0s", "pod_grace_seconds": 0}, "probation": "2s"}
 
@@ -98,7 +99,8 @@ async def test_controller_and_agent_as_deployed_complete_a_remediation(dev_env, 
     policy_file.write_text(yaml.safe_dump(policy_yaml))
 
     def redirect(args: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
-        args = [str(policy_file) if a == POLICY_MOUNT else a for a in args]
+        mounts = {POLICY_MOUNT: str(policy_file), KMSG_STATE: str(tmp_path / "kmsg-position")}
+        args = [mounts.get(a, a) for a in args]
         args = [re.sub(r"(prometheus://[^:]+:)\d+", lambda m: f"{m.group(1)}{free_port()}", a) for a in args]
         assert "TEMPORAL_ADDRESS" in env, "the manifests point the processes at Temporal through TEMPORAL_ADDRESS"
         env = {**env, "TEMPORAL_ADDRESS": address}

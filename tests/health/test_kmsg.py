@@ -120,3 +120,21 @@ def test_one_bad_line_is_one_rejected_line():
                           "NVRM: Xid (PCI:0000:1c:00): 48, pid=3, DBE"])
     assert [f.xid for f in found] == [79, 48]
     assert len(parser.rejected) == 1 and "999999999" in parser.rejected[0][0]
+
+
+def test_restarted_follower_reads_on_from_its_predecessor(tmp_path):
+    """A DaemonSet rollout: the new agent reads kernel-log records after the last one its
+    predecessor read in this boot, never again the faults a reset already cured; a new boot's
+    log is read from its start."""
+    from health.kmsg import KmsgFollower
+
+    log, state = tmp_path / "kmsg", tmp_path / "state/kmsg-position"
+    log.write_text("".join(f"3,{seq},100{seq},-;NVRM: Xid (PCI:0000:1b:00): 48, DBE {seq}\n" for seq in (10, 11)))
+    first = KmsgFollower(log, state, boot_id="boot-a")
+    assert len(first.poll()) == 2 and state.read_text().split() == ["boot-a", "11"]
+    with log.open("a") as fh:
+        fh.write("3,12,10012,-;NVRM: Xid (PCI:0000:1b:00): 79, after the restart\n")
+    restarted = KmsgFollower(log, state, boot_id="boot-a")
+    assert restarted.poll() == ["3,12,10012,-;NVRM: Xid (PCI:0000:1b:00): 79, after the restart"]
+    after_reboot = KmsgFollower(log, state, boot_id="boot-b")
+    assert len(after_reboot.poll()) == 3, "another boot: the position does not apply"

@@ -119,3 +119,19 @@ async def test_first_report_of_a_new_node_starts_admission_once(ts_env, uniq, tm
             assert await Agent(ts_env.client, config, nv, boot_id="boot-2").step() is None  # agent restart
     assert (result.outcome, result.validations) == ("healthy", 2)
     assert fake.calls.count("kube.quarantine") == 1, "admitted once, not again on the agent's restart"
+
+
+def test_restarted_agent_sequence_never_goes_backwards(tmp_path):
+    """An open episode rejects a lower sequence from the same sender and boot: a restarted agent
+    must start above its predecessor."""
+    from policies.loader import default_policy
+    from workers.agent import Agent, AgentConfig
+
+    config = AgentConfig(node="seq-node", policy=default_policy(), kmsg=None)
+    import time
+
+    before = Agent(None, config, boot_id="boot-1")
+    before.seq += 3  # it sent three reports (one a poll at most: far below one a microsecond)
+    time.sleep(0.01)
+    after = Agent(None, config, boot_id="boot-1")
+    assert after.seq > before.seq
