@@ -71,6 +71,7 @@ class ReturnToServiceRequest(_Request):
 class ReturnToServiceResult(BaseModel):
     node: str
     changed: bool
+    left_cordoned: bool = Field(default=False, description="Someone else had cordoned it before gpuheal: it stays so.")
     dry_run: bool = False
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -26,7 +27,10 @@ GONE_SLACK = timedelta(seconds=5)  # past a pod's deletionTimestamp before it co
 # Threads for blocking cluster calls, and so the HTTP connections the client may keep per host
 # (urllib3 drops and warns about any beyond its pool: "connection pool is full").
 CLUSTER_CALL_THREADS = 64
-CALL_TRIES = 4  # per API call, for 429 / 5xx / dropped connections, before the activity attempt fails
+CALL_TRIES = 4
+CONFLICT_TRIES = 5  # read-modify-write rounds when someone else writes the node in between (409)
+# Annotations recording what a quarantine changed, one per gpuheal taint (named like the taint).
+QUARANTINE_RECORD_KEYS = (c.QUARANTINE_TAINT, c.UNVALIDATED_TAINT)  # per API call, for 429 / 5xx / dropped connections, before the activity attempt fails
 
 
 def _now() -> datetime:
@@ -104,44 +108,110 @@ class KubeActivities:
         return next((x.status for x in (n.status.conditions or []) if x.type == c.CONDITION_TYPE), None)
 
     # --- quarantine / return -------------------------------------------------------------------
+    async def _rewrite_node(self, name: str, change: Callable[[client.V1Node], dict | None]) -> tuple[client.V1Node, bool]:
+        """Read-modify-write of a Node: the patch carries the resourceVersion it was computed from,
+        so a write by someone else in between is a 409 and the change is computed again from what
+        is there now. Taints are an atomic list on the API server: only a whole list computed from
+        a fresh read keeps the taints other controllers own. Returns the node and whether it wrote."""
+        for attempt in range(CONFLICT_TRIES):
+            n = await self._node(name)
+            patch = change(n)
+            if patch is None:
+                return n, False
+            patch.setdefault("metadata", {})["resourceVersion"] = n.metadata.resource_version
+            try:
+                return await call_api(self.core.patch_node, name, patch), True
+            except ApiException as err:
+                if err.status == 409 and attempt < CONFLICT_TRIES - 1:
+                    continue
+                self._raise_mapped("patch", f"nodes/{name}", err)
+        raise AssertionError("unreachable")
+
+    def _taint_dicts(self, n: client.V1Node) -> list[dict]:
+        return [self.core.api_client.sanitize_for_serialization(t) for t in n.spec.taints or []]
+
+    @staticmethod
+    def _records(n: client.V1Node) -> dict[str, dict]:
+        """gpuheal's quarantine records on the node: taint key -> what the quarantine changed."""
+        out = {}
+        for key, value in (n.metadata.annotations or {}).items():
+            if key in QUARANTINE_RECORD_KEYS:
+                try:
+                    out[key] = json.loads(value)
+                except ValueError:
+                    out[key] = {"was_unschedulable": False}
+        return out
+
     @activity.defn(name=c.KUBE_QUARANTINE)
     async def quarantine(self, req: c.QuarantineRequest) -> c.QuarantineResult:
-        # A first attempt goes straight to the (idempotent) patch: one round trip less before the
-        # cordon. A retry looks first, so it reports what an earlier attempt already did.
-        if req.dry_run or activity.info().attempt > 1:
-            n = await self._node(req.node)
-            done = bool(n.spec.unschedulable) and self._has_taint(n, req.taint_key) and self._condition(n) == "False"
-            if req.dry_run or done:
-                return c.QuarantineResult(node=req.node, changed=False, cordoned_at=_now(), dry_run=req.dry_run)
         taint = {"key": req.taint_key, "value": req.fault_class[:63], "effect": "NoSchedule"}
-        # The cordon first (what detect-to-cordon measures); the PATCH answer is the stored object,
-        # so it is what verifies the cordon stuck.
-        n = await self._call("patch", f"nodes/{req.node}", self.core.patch_node, req.node,
-                             {"spec": {"unschedulable": True, "taints": [taint]}})
-        await self._set_condition(req.node, False, "GpuFault", req.reason)
+
+        def change(n: client.V1Node) -> dict | None:
+            records = self._records(n)
+            if n.spec.unschedulable and self._has_taint(n, req.taint_key) and req.taint_key in records:
+                return None  # done already (a retry, or a second episode on a quarantined node)
+            patch = {"spec": {"unschedulable": True, "taints": [
+                *(t for t in self._taint_dicts(n) if not (t["key"] == req.taint_key and t["effect"] == "NoSchedule")),
+                taint]}}
+            if req.taint_key not in records:
+                # What this quarantine changes, so return to service undoes only that: a node someone
+                # else had cordoned (an operator, Karpenter, an upgrade) stays cordoned afterwards.
+                was = any(r.get("was_unschedulable") for r in records.values()) if records else bool(n.spec.unschedulable)
+                patch["metadata"] = {"annotations": {req.taint_key: json.dumps(
+                    {"was_unschedulable": was, "taint": taint, "at": _now().isoformat()})}}
+            return patch
+
+        if req.dry_run:
+            await self._node(req.node)
+            return c.QuarantineResult(node=req.node, changed=False, cordoned_at=_now(), dry_run=True)
+        n, wrote = await self._rewrite_node(req.node, change)
+        # The PATCH answer (or the read) is the stored object: it is what verifies the cordon stuck.
         if not (n.spec.unschedulable and self._has_taint(n, req.taint_key)):
             raise fail(NO_EFFECT, f"cordon of {req.node} did not stick")
         cordoned_at = _now()
-        await self._event("Node", req.node, self.events_ns, "GpuQuarantined",
-                          f"cordoned and tainted {req.taint_key}={req.fault_class}: {req.reason}", "Warning",
-                          n.metadata.uid)
-        return c.QuarantineResult(node=req.node, changed=True, cordoned_at=cordoned_at)
+        if self._condition(n) != "False":
+            await self._set_condition(req.node, False, "GpuFault", req.reason)
+        if wrote:
+            await self._event("Node", req.node, self.events_ns, "GpuQuarantined",
+                              f"cordoned and tainted {req.taint_key}={req.fault_class}: {req.reason}", "Warning",
+                              n.metadata.uid)
+        return c.QuarantineResult(node=req.node, changed=wrote, cordoned_at=cordoned_at)
 
     @activity.defn(name=c.KUBE_RETURN_TO_SERVICE)
     async def return_to_service(self, req: c.ReturnToServiceRequest) -> c.ReturnToServiceResult:
-        n = await self._node(req.node)
-        ours = [t for t in n.spec.taints or [] if t.key in req.taint_keys]
-        if req.dry_run or (not n.spec.unschedulable and not ours and self._condition(n) == "True"):
-            return c.ReturnToServiceResult(node=req.node, changed=False, dry_run=req.dry_run)
-        deletes = [{"key": t.key, "effect": t.effect, "$patch": "delete"} for t in ours]
-        n = await self._call("patch", f"nodes/{req.node}", self.core.patch_node, req.node,
-                             {"spec": {"unschedulable": False, "taints": deletes}})
-        await self._set_condition(req.node, True, "Validated", req.reason)
-        if n.spec.unschedulable or any(t.key in req.taint_keys for t in n.spec.taints or []):
+        outcome = {}
+
+        def change(n: client.V1Node) -> dict | None:
+            records = self._records(n)
+            mine = {k: v for k, v in records.items() if k in req.taint_keys}
+            others = {k: v for k, v in records.items() if k not in req.taint_keys}
+            # Stay cordoned if it was before gpuheal came, or another gpuheal quarantine still holds it.
+            keep = any(r.get("was_unschedulable") for r in mine.values()) or bool(others)
+            outcome["unschedulable"] = keep
+            ours = [t for t in self._taint_dicts(n) if t["key"] in req.taint_keys]
+            if not ours and not mine and bool(n.spec.unschedulable) == keep:
+                return None
+            patch = {"spec": {"unschedulable": keep, "taints": [
+                t for t in self._taint_dicts(n) if t["key"] not in req.taint_keys]}}
+            if mine:
+                patch["metadata"] = {"annotations": {k: None for k in mine}}
+            return patch
+
+        if req.dry_run:
+            await self._node(req.node)
+            return c.ReturnToServiceResult(node=req.node, changed=False, dry_run=True)
+        n, wrote = await self._rewrite_node(req.node, change)
+        if bool(n.spec.unschedulable) != outcome["unschedulable"] or any(
+                t.key in req.taint_keys for t in n.spec.taints or []):
             raise fail(NO_EFFECT, f"uncordon of {req.node} did not stick")
-        await self._event("Node", req.node, self.events_ns, "GpuReturned", f"uncordoned: {req.reason}", "Normal",
-                          n.metadata.uid)
-        return c.ReturnToServiceResult(node=req.node, changed=True)
+        if self._condition(n) != "True":
+            await self._set_condition(req.node, True, "Validated", req.reason)
+        if wrote:
+            said = ("taint removed; left cordoned as it was before gpuheal quarantined it"
+                    if outcome["unschedulable"] else "uncordoned")
+            await self._event("Node", req.node, self.events_ns, "GpuReturned", f"{said}: {req.reason}", "Normal",
+                              n.metadata.uid)
+        return c.ReturnToServiceResult(node=req.node, changed=wrote, left_cordoned=outcome["unschedulable"])
 
     @activity.defn(name=c.KUBE_EVENT)
     async def event(self, req: c.EventRequest) -> None:

@@ -16,6 +16,7 @@ import re
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -31,9 +32,18 @@ RESOURCES = {
 }
 API_VERSION = {"Node": "v1", "Namespace": "v1", "Pod": "v1", "Event": "v1", "PodDisruptionBudget": "policy/v1"}
 _BY_PLURAL = {plural: kind for kind, (_, plural, _) in RESOURCES.items()}
-# Strategic merge keys for the lists gpuheal touches (kubectl's patchMergeKey markers).
-MERGE_KEYS = {"conditions": ("type",), "taints": ("key", "effect"), "containers": ("name",),
-              "addresses": ("type",), "ownerReferences": ("uid",), "volumes": ("name",), "env": ("name",)}
+# Strategic merge strategies of the fields served, from the `patchStrategy`/`patchMergeKey` struct
+# tags in k8s.io/api/core/v1/types.go and k8s.io/apimachinery/pkg/apis/meta/v1/types.go:
+#   NodeStatus.Conditions   patchStrategy:"merge" patchMergeKey:"type"
+#   NodeStatus.Addresses    patchStrategy:"merge" patchMergeKey:"type"
+#   PodSpec.Containers, .Volumes, Container.Env   patchStrategy:"merge" patchMergeKey:"name"
+#   ObjectMeta.OwnerReferences   patchStrategy:"merge" patchMergeKey:"uid"
+#   ObjectMeta.Finalizers   patchStrategy:"merge" (a list of strings: union)
+#   NodeSpec.Taints         no patch strategy: atomic, a patch's list replaces the node's whole list
+#   ObjectMeta.Labels/Annotations: maps, merged key by key; NodeSpec.Unschedulable: a scalar
+MERGE_KEYS = {"conditions": ("type",), "containers": ("name",), "addresses": ("type",),
+              "ownerReferences": ("uid",), "volumes": ("name",), "env": ("name",)}
+MERGE_PRIMITIVES = {"finalizers"}
 WATCH_LOG_LIMIT = 10000
 
 
@@ -69,6 +79,8 @@ def strategic_merge(target, patch, key: str | None = None):
             else:
                 out[k] = _strip_directives(v)
         return out
+    if isinstance(patch, list) and isinstance(target, list) and key in MERGE_PRIMITIVES:
+        return [*target, *(x for x in patch if x not in target)]
     if isinstance(patch, list) and isinstance(target, list) and key in MERGE_KEYS:
         keys = MERGE_KEYS[key]
         out = list(target)
@@ -231,6 +243,7 @@ class InjectedFault:
     rate: float = 1.0
     latency_s: float = 0.0
     remaining: int | None = None  # None: forever
+    after: Callable[[], None] | None = None  # run once the request is answered (a racing writer)
 
 
 @dataclass
@@ -424,8 +437,8 @@ class FakeKube:
 
     # --- hooks ---------------------------------------------------------------------------------
     def inject(self, verb: str = "*", path: str = ".*", status: int | None = 500, rate: float = 1.0,
-               latency_s: float = 0.0, count: int | None = None) -> InjectedFault:
-        f = InjectedFault(verb.upper(), re.compile(path), status, rate, latency_s, count)
+               latency_s: float = 0.0, count: int | None = None, after: Callable[[], None] | None = None) -> InjectedFault:
+        f = InjectedFault(verb.upper(), re.compile(path), status, rate, latency_s, count, after)
         with self.lock:
             self.faults.append(f)
         return f
@@ -573,6 +586,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(err.code, err.status())
         except (KeyError, TypeError, ValueError, IndexError) as err:
             self._send(422, ApiError(422, "Invalid", f"invalid request: {err}").status())
+        if fault is not None and fault.after is not None:
+            fault.after()
 
     def _route(self, verb: str, path: str, q: dict, body) -> None:
         m = _PATH.match(path)

@@ -252,3 +252,47 @@ def test_load_core_api_from_kubeconfig(tmp_path):
         assert [n.metadata.name for n in core.list_node().items] == ["from-kubeconfig"]
     finally:
         server.stop()
+
+
+async def test_someone_elses_cordon_and_taints_survive_the_episode(kube):
+    """A node cordoned by hand and carrying a dedicated-pool taint before its fault ends the episode
+    still cordoned, with the foreign taint in place: return to service undoes only what the
+    quarantine did (recorded in the gpuheal.io/quarantine annotation)."""
+    k, core, acts = kube
+    k.add_node("n1")
+    core.patch_node("n1", {"spec": {"unschedulable": True, "taints": [
+        {"key": "dedicated", "value": "infer", "effect": "NoSchedule"}]}})
+    await run(acts.quarantine, c.QuarantineRequest(node="n1", fault_class="gpu_lost", reason="Xid 79"))
+    assert ("dedicated", "infer", "NoSchedule") in taints(core, "n1")
+    assert "gpuheal.io/quarantine" in core.read_node("n1").metadata.annotations
+    back = await run(acts.return_to_service, c.ReturnToServiceRequest(node="n1", reason="validated twice"))
+    n = core.read_node("n1")
+    assert back.left_cordoned and n.spec.unschedulable is True
+    assert taints(core, "n1") == [("dedicated", "infer", "NoSchedule")]
+    assert "gpuheal.io/quarantine" not in (n.metadata.annotations or {})
+
+
+async def test_schedulable_node_ends_schedulable_with_exactly_its_taints(kube):
+    k, core, acts = kube
+    k.add_node("n1")
+    mine = [{"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}, {"key": "pool", "value": "a", "effect": "NoExecute"}]
+    core.patch_node("n1", {"spec": {"taints": mine}})
+    before = taints(core, "n1")
+    await run(acts.quarantine, c.QuarantineRequest(node="n1", fault_class="memory", reason="DBE"))
+    assert len(taints(core, "n1")) == 3
+    back = await run(acts.return_to_service, c.ReturnToServiceRequest(node="n1", reason="validated twice"))
+    n = core.read_node("n1")
+    assert not back.left_cordoned and not n.spec.unschedulable and taints(core, "n1") == before
+
+
+async def test_taint_write_conflict_is_read_again(kube):
+    """Someone else writes the node between our read and our patch: the API server answers 409 for
+    the stale resourceVersion and the change is computed again from a fresh read."""
+    k, core, acts = kube
+    k.add_node("n1")
+    k.inject("GET", r"/nodes/n1$", status=None, count=1, after=lambda: k.patch(
+        "Node", "", "n1", {"spec": {"taints": [{"key": "late", "effect": "NoSchedule"}]}},
+        "application/strategic-merge-patch+json"))
+    await run(acts.quarantine, c.QuarantineRequest(node="n1", fault_class="memory", reason="DBE"))
+    assert [v for v, p, _ in k.requests if p == "/api/v1/nodes/n1"].count("GET") == 2, "read again after the 409"
+    assert sorted(t[0] for t in taints(core, "n1")) == ["gpuheal.io/quarantine", "late"], "the racing taint kept"

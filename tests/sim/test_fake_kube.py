@@ -32,11 +32,16 @@ def test_strategic_merge_taints_and_conditions(kube):
     k, core, _ = kube
     k.add_node("n1")
     core.patch_node("n1", {"spec": {"unschedulable": True, "taints": [{"key": "a", "value": "1", "effect": "NoSchedule"}]}})
-    core.patch_node("n1", {"spec": {"taints": [{"key": "b", "value": "2", "effect": "NoSchedule"},
-                                               {"key": "a", "value": "3", "effect": "NoSchedule"}]}})
+    core.patch_node("n1", {"spec": {"taints": [{"key": "b", "value": "2", "effect": "NoSchedule"}]}})
     n = core.read_node("n1")
     assert n.spec.unschedulable is True
-    assert sorted((t.key, t.value) for t in n.spec.taints) == [("a", "3"), ("b", "2")]
+    # NodeSpec.Taints has no patch strategy: a strategic-merge patch's list replaces the whole list.
+    assert [(t.key, t.value) for t in n.spec.taints] == [("b", "2")]
+    core.patch_node("n1", {"metadata": {"labels": {"x": "1"}, "annotations": {"y": "2"}, "finalizers": ["f1"]}})
+    core.patch_node("n1", {"metadata": {"labels": {"z": "3"}, "finalizers": ["f2", "f1"]}})
+    meta = core.read_node("n1").metadata
+    assert meta.labels == {"x": "1", "z": "3"} and meta.annotations == {"y": "2"}, "maps merge key by key"
+    assert meta.finalizers == ["f1", "f2"], "finalizers merge as a set of strings"
     core.patch_node_status("n1", {"status": {"conditions": [{"type": "GpuHealthy", "status": "False", "reason": "Xid79"}]}})
     conds = {c.type: c.status for c in core.read_node("n1").status.conditions}
     assert conds == {"Ready": "True", "GpuHealthy": "False"}, "conditions merge by type"
