@@ -14,6 +14,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 test: $(STAMP) lint
+	@command -v kubectl >/dev/null 2>&1 || echo "kubectl is not on the PATH: the kubectl conformance tests (tests/sim/test_kubectl.py) do not run (apt-get install kubectl)"
 	$(VENV)/bin/pytest -q
 
 demo: $(STAMP)

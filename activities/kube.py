@@ -87,7 +87,10 @@ class KubeActivities:
         ts = _now()
         body = client.CoreV1Event(
             metadata=client.V1ObjectMeta(generate_name=f"{name}.", namespace=namespace),
-            involved_object=client.V1ObjectReference(kind=kind, name=name, namespace=namespace or None, uid=uid),
+            # A Node is cluster-scoped: its reference has no namespace, or `kubectl describe node`
+            # (which selects involvedObject.namespace="") never shows the event.
+            involved_object=client.V1ObjectReference(kind=kind, name=name, uid=uid,
+                                                     namespace=None if kind == "Node" else namespace or None),
             reason=reason, message=message[:1024], type=type_, first_timestamp=ts, last_timestamp=ts, count=1,
             source=client.V1EventSource(component=EVENT_SOURCE), reporting_component=EVENT_SOURCE,
         )

@@ -29,8 +29,10 @@ RESOURCES = {
     "Pod": ("/api/v1", "pods", True),
     "Event": ("/api/v1", "events", True),
     "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets", True),
+    "DaemonSet": ("/apis/apps/v1", "daemonsets", True),
 }
-API_VERSION = {"Node": "v1", "Namespace": "v1", "Pod": "v1", "Event": "v1", "PodDisruptionBudget": "policy/v1"}
+API_VERSION = {"Node": "v1", "Namespace": "v1", "Pod": "v1", "Event": "v1", "PodDisruptionBudget": "policy/v1",
+               "DaemonSet": "apps/v1"}
 _BY_PLURAL = {plural: kind for kind, (_, plural, _) in RESOURCES.items()}
 # Strategic merge strategies of the fields served, from the `patchStrategy`/`patchMergeKey` struct
 # tags in k8s.io/api/core/v1/types.go and k8s.io/apimachinery/pkg/apis/meta/v1/types.go:
@@ -375,6 +377,10 @@ class FakeKube:
     def delete(self, kind: str, namespace: str, name: str, grace_seconds: int | None = None) -> dict:
         with self.lock:
             cur = self.get(kind, namespace, name)
+            if kind == "Pod" and (grace_seconds is None or grace_seconds < 0):
+                # No grace given (or -1, "the default"): the pod's own terminationGracePeriodSeconds,
+                # 30 s when unset, as the API server applies it.
+                grace_seconds = (cur.get("spec") or {}).get("terminationGracePeriodSeconds", 30)
             if kind == "Pod" and grace_seconds:
                 if "deletionTimestamp" not in cur["metadata"]:
                     # As the API server's graceful deletion (registry/rest/delete.go): the timestamp
@@ -477,13 +483,20 @@ class FakeKube:
                    subresource="status")
 
     def add_pod(self, name: str, node: str, labels: dict | None = None, namespace: str = "default",
-                owner_kind: str | None = None, annotations: dict | None = None, ready: bool = True) -> dict:
+                owner_kind: str | None = None, annotations: dict | None = None, ready: bool = True,
+                grace_seconds: int | None = None) -> dict:
         meta = {"name": name, "namespace": namespace, "labels": labels or {}, "annotations": annotations or {}}
         if owner_kind:
-            meta["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": owner_kind, "name": f"{name}-owner",
-                                        "uid": str(uuid.uuid4()), "controller": True}]
-        return self.put("Pod", {"metadata": meta, "spec": {"nodeName": node, "containers": [{"name": "main", "image": "x"}]},
-                                "status": POD_READY if ready else {"phase": "Pending"}})
+            owner = {"apiVersion": "apps/v1", "kind": owner_kind, "name": f"{name}-owner", "uid": str(uuid.uuid4()),
+                     "controller": True}
+            meta["ownerReferences"] = [owner]
+            if owner_kind == "DaemonSet":  # the controller object exists, as clients (kubectl drain) check
+                self.put("DaemonSet", {"metadata": {"name": owner["name"], "namespace": namespace, "uid": owner["uid"]},
+                                       "spec": {"selector": {"matchLabels": labels or {}}}})
+        spec = {"nodeName": node, "containers": [{"name": "main", "image": "x"}]}
+        if grace_seconds is not None:
+            spec["terminationGracePeriodSeconds"] = grace_seconds
+        return self.put("Pod", {"metadata": meta, "spec": spec, "status": POD_READY if ready else {"phase": "Pending"}})
 
     def set_pod_ready(self, name: str, namespace: str = "default") -> dict:
         """A started pod's kubelet reporting it Running and Ready."""
@@ -536,9 +549,45 @@ def _desired_healthy(spec: dict, expected: int) -> int:
     return 0
 
 
+# --- discovery -----------------------------------------------------------------------------------
+# What clients such as kubectl read before they act (the legacy discovery documents; a client that
+# asks for aggregated discovery gets these and falls back, as it does with an older API server).
+_VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
+
+
+def _resource(name: str, kind: str, namespaced: bool, short: list[str] | None = None, verbs=None, **extra) -> dict:
+    return {"name": name, "singularName": "" if "/" in name else kind.lower(), "namespaced": namespaced,
+            "kind": kind, "verbs": verbs or _VERBS, **({"shortNames": short} if short else {}), **extra}
+
+
+DISCOVERY = {
+    "/version": {"major": "1", "minor": "31", "gitVersion": "v1.31.0-gpuheal-fake", "platform": "linux/amd64"},
+    "/api": {"kind": "APIVersions", "versions": ["v1"],
+             "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]},
+    "/apis": {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
+        {"name": group, "versions": [{"groupVersion": f"{group}/v1", "version": "v1"}],
+         "preferredVersion": {"groupVersion": f"{group}/v1", "version": "v1"}} for group in ("apps", "policy")]},
+    "/apis/apps/v1": {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "apps/v1", "resources": [
+        _resource("daemonsets", "DaemonSet", True, ["ds"]),
+    ]},
+    "/api/v1": {"kind": "APIResourceList", "groupVersion": "v1", "resources": [
+        _resource("nodes", "Node", False, ["no"]),
+        _resource("nodes/status", "Node", False, verbs=["get", "patch", "update"]),
+        _resource("pods", "Pod", True, ["po"]),
+        _resource("pods/status", "Pod", True, verbs=["get", "patch", "update"]),
+        _resource("pods/eviction", "Eviction", True, verbs=["create"], group="policy", version="v1"),
+        _resource("namespaces", "Namespace", False, ["ns"]),
+        _resource("events", "Event", True, ["ev"]),
+    ]},
+    "/apis/policy/v1": {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "policy/v1", "resources": [
+        _resource("poddisruptionbudgets", "PodDisruptionBudget", True, ["pdb"]),
+    ]},
+}
+
+
 # --- HTTP ----------------------------------------------------------------------------------------
 _PATH = re.compile(
-    r"^(?P<prefix>/api/v1|/apis/policy/v1)(?:/namespaces/(?P<ns>[^/]+))?/(?P<plural>[a-z]+)"
+    r"^(?P<prefix>/api/v1|/apis/policy/v1|/apis/apps/v1)(?:/namespaces/(?P<ns>[^/]+))?/(?P<plural>[a-z]+)"
     r"(?:/(?P<name>[^/]+))?(?:/(?P<sub>status|eviction))?$"
 )
 
@@ -592,8 +641,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _route(self, verb: str, path: str, q: dict, body) -> None:
         m = _PATH.match(path)
         if m is None or m["plural"] not in _BY_PLURAL and not (m["plural"] == "namespaces"):
-            if path in ("/api", "/apis", "/version"):
-                return self._send(200, {"major": "1", "minor": "31", "gitVersion": "v1.31.0-gpuheal-fake"})
+            if path in DISCOVERY:
+                return self._send(200, DISCOVERY[path])
             raise ApiError(404, "NotFound", f"the server could not find the requested resource ({path})")
         kind = _BY_PLURAL[m["plural"]]
         ns, name, sub = m["ns"], m["name"], m["sub"]

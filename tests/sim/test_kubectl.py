@@ -1,0 +1,114 @@
+"""The fake API server against a client nobody here wrote: kubectl. Each command's result is
+checked against what the Kubernetes documentation says the command does (kubectl reference:
+cordon, uncordon, taint, drain, describe; "Safely Drain a Node"), and gpuheal's own writes are
+read back through kubectl. Runs when kubectl is on the PATH (`.ci/run` installs it); `make test`
+says in one line when it is not."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import pytest
+from kubernetes import client
+from temporalio.testing import ActivityEnvironment
+
+from activities import contracts as c
+from activities.kube import KubeActivities
+from sim.fake_kube import FakeKubeServer
+
+pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not on the PATH")
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    server = FakeKubeServer().start()
+    cfg = server.write_kubeconfig(tmp_path / "kubeconfig")
+
+    def kubectl(*argv: str, ok: bool = True) -> subprocess.CompletedProcess:
+        run = subprocess.run(["kubectl", "--kubeconfig", str(cfg), *argv], capture_output=True, text=True, timeout=60)
+        if ok:
+            assert run.returncode == 0, (argv, run.stderr)
+        return run
+
+    yield server, kubectl
+    server.stop()
+
+
+def node(server, name: str) -> dict:
+    return server.kube.get("Node", "", name)
+
+
+def test_get_nodes_json(cluster):
+    server, kubectl = cluster
+    server.kube.add_node("g1", labels={"nvidia.com/gpu.present": "true"})
+    server.kube.add_node("g2")
+    doc = json.loads(kubectl("get", "nodes", "-o", "json").stdout)
+    assert doc["kind"] == "List" and sorted(i["metadata"]["name"] for i in doc["items"]) == ["g1", "g2"]
+    labelled = json.loads(kubectl("get", "nodes", "-l", "nvidia.com/gpu.present=true", "-o", "json").stdout)
+    assert [i["metadata"]["name"] for i in labelled["items"]] == ["g1"], "label selectors filter on the server"
+
+
+def test_cordon_and_uncordon(cluster):
+    """`kubectl cordon`: mark node as unschedulable; `kubectl uncordon`: mark node as schedulable."""
+    server, kubectl = cluster
+    server.kube.add_node("n1")
+    assert "cordoned" in kubectl("cordon", "n1").stdout
+    assert node(server, "n1")["spec"]["unschedulable"] is True
+    kubectl("uncordon", "n1")
+    assert not node(server, "n1")["spec"].get("unschedulable")
+
+
+def test_taint_add_and_remove_beside_another_taint(cluster):
+    """`kubectl taint nodes NODE key=value:Effect` adds; `key:Effect-` removes that taint only."""
+    server, kubectl = cluster
+    server.kube.add_node("n1")
+    kubectl("taint", "nodes", "n1", "dedicated=infer:NoSchedule")
+    kubectl("taint", "nodes", "n1", "gpu=broken:NoExecute")
+    assert sorted((t["key"], t.get("value"), t["effect"]) for t in node(server, "n1")["spec"]["taints"]) == [
+        ("dedicated", "infer", "NoSchedule"), ("gpu", "broken", "NoExecute")]
+    kubectl("taint", "nodes", "n1", "gpu:NoExecute-")
+    assert [(t["key"], t["effect"]) for t in node(server, "n1")["spec"]["taints"]] == [("dedicated", "NoSchedule")]
+
+
+def test_drain_honours_a_refusing_budget_then_evicts(cluster):
+    """`kubectl drain --ignore-daemonsets`: cordons, leaves DaemonSet pods, evicts the rest through
+    the Eviction API, and retries while a PodDisruptionBudget refuses (429) until its timeout."""
+    server, kubectl = cluster
+    k = server.kube
+    k.add_node("n1")
+    k.add_pod("train-0", "n1", labels={"job": "train"}, owner_kind="ReplicaSet", grace_seconds=1)
+    k.add_pod("train-1", "n2", labels={"job": "train"}, owner_kind="ReplicaSet", grace_seconds=1)
+    k.add_pod("agent", "n1", owner_kind="DaemonSet")
+    k.add_pdb("train", {"job": "train"}, min_available=2)
+    refused = kubectl("drain", "n1", "--ignore-daemonsets", "--timeout=4s", ok=False)
+    assert refused.returncode != 0 and "disruption budget" in refused.stderr, refused.stderr
+    assert node(server, "n1")["spec"]["unschedulable"] is True, "drain cordons first"
+    assert {p["metadata"]["name"] for p in k.list("Pod", "default")} == {"train-0", "train-1", "agent"}
+    assert k.evictions and not any(e.allowed for e in k.evictions if e.pod == "train-0")
+    k.add_pod("train-2", "n3", labels={"job": "train"}, owner_kind="ReplicaSet")  # a spare: the budget allows one
+    done = kubectl("drain", "n1", "--ignore-daemonsets", "--timeout=30s")
+    assert "evicting pod default/train-0" in done.stderr + done.stdout and "drained" in done.stdout
+    names = {p["metadata"]["name"] for p in k.list("Pod", "default")}
+    assert "train-0" not in names and "agent" in names, "evicted and gone; the DaemonSet pod stays"
+
+
+def test_describe_shows_gpuheal_quarantine(cluster):
+    """What gpuheal writes is what an operator reads with `kubectl describe node`."""
+    server, kubectl = cluster
+    server.kube.add_node("n1")
+    api = client.ApiClient(server.configuration())
+    try:
+        ActivityEnvironment().run  # noqa: B018 - the activity environment below runs the real activity
+        acts = KubeActivities(client.CoreV1Api(api))
+        import asyncio
+
+        asyncio.run(ActivityEnvironment().run(acts.quarantine, c.QuarantineRequest(
+            node="n1", fault_class="gpu_lost", reason="Xid 79 on GPU 2")))
+    finally:
+        api.close()
+    out = kubectl("describe", "node", "n1").stdout
+    assert "Unschedulable:      true" in out
+    assert "gpuheal.io/quarantine=gpu_lost:NoSchedule" in out
+    assert "GpuHealthy" in out and "GpuQuarantined" in out, out
