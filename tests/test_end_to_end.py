@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass
 from datetime import timedelta
 
+import pytest
 from kubernetes import client
 from temporalio.api.enums.v1 import EventType
 from temporalio.service import RPCError
@@ -126,10 +127,16 @@ def instance_tags(ec2, iid) -> dict:
     return {t["Key"]: t["Value"] for t in ec2.describe_tags(Filters=[{"Name": "resource-id", "Values": [iid]}])["Tags"]}
 
 
-async def test_reboot_class_fault_end_to_end(dev_env, aws, tmp_path, uniq):
+@pytest.mark.parametrize("cordoned_before", [False, True], ids=["schedulable", "cordoned-by-hand"])
+async def test_reboot_class_fault_end_to_end(dev_env, aws, tmp_path, uniq, cordoned_before):
+    """The node carries a dedicated-pool taint (and, in one case, an operator's cordon) before its
+    fault: the episode ends with exactly that taint, and cordoned only if it was before."""
     policy = default_policy().scaled(0.002)
     policy.ladder.reboot.return_timeout = timedelta(seconds=30)  # real seconds: moto and the host sim poll
     async with gpu_cluster(dev_env, aws, tmp_path, uniq, policy) as st:
+        foreign = [{"key": "dedicated", "value": "training", "effect": "NoSchedule"}]
+        st.kube.patch("Node", "", st.node, {"spec": {"taints": foreign, "unschedulable": cordoned_before}},
+                      "application/strategic-merge-patch+json")
         st.nv.inject("gpu_lost", gpu=2)
         report = await st.host.agent.step()
         assert [f.kind for f in report.findings] == ["gpu_lost"]
@@ -140,8 +147,8 @@ async def test_reboot_class_fault_end_to_end(dev_env, aws, tmp_path, uniq):
     node, kube = st.node, st.kube
     assert (result.outcome, result.rungs, result.validations) == ("returned", ["reboot"], 2), status.actions
     n = kube.get("Node", "", node)
-    assert not n["spec"].get("unschedulable")
-    assert not [t for t in n["spec"].get("taints") or [] if t["key"] == "gpuheal.io/quarantine"]
+    assert bool(n["spec"].get("unschedulable")) is cordoned_before
+    assert n["spec"].get("taints") == foreign, "exactly the taints it had"
     assert {c["type"]: c["status"] for c in n["status"]["conditions"]}["GpuHealthy"] == "True"
     evicted = [e for e in kube.evictions if e.allowed]
     assert [e.pod for e in evicted] == ["train-0"] and all(e.respected_budget for e in kube.evictions)
