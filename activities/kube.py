@@ -130,8 +130,16 @@ class KubeActivities:
                 self._raise_mapped("patch", f"nodes/{name}", err)
         raise AssertionError("unreachable")
 
-    def _taint_dicts(self, n: client.V1Node) -> list[dict]:
-        return [self.core.api_client.sanitize_for_serialization(t) for t in n.spec.taints or []]
+    @staticmethod
+    def _taint_dicts(n: client.V1Node) -> list[dict]:
+        """The node's taints as the API takes them back, unchanged (timeAdded included)."""
+        out = []
+        for t in n.spec.taints or []:
+            d = {"key": t.key, "effect": t.effect, **({"value": t.value} if t.value is not None else {})}
+            if t.time_added is not None:
+                d["timeAdded"] = t.time_added.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            out.append(d)
+        return out
 
     @staticmethod
     def _records(n: client.V1Node) -> dict[str, dict]:

@@ -24,7 +24,7 @@ from policies.classify import judge
 from policies.findings import Finding, HealthReport
 from policies.model import Generation, Policy
 from workers import telemetry
-from workers.reporting import send_report, start_admission
+from workers.reporting import fit_to_bounds, send_report, start_admission
 from workflows.node_remediation import remediation_workflow_id
 
 AGENT_VERSION = "gpuheal-agent/0.1"
@@ -117,6 +117,7 @@ class Agent:
         report = HealthReport(node=self.config.node, boot_id=self.boot_id, seq=self.seq, source="agent",
                               agent_version=AGENT_VERSION, detected_at=datetime.now(UTC), gpus=snap.gpus,
                               findings=findings)
+        report = fit_to_bounds(report)
         await send_report(self.client, report, node=self.config.node, policy=self.config.policy,
                           generation=self.config.generation, cluster=self.config.cluster,
                           task_queue=self.config.task_queue, expected_gpus=self.config.probe.expected_gpus)

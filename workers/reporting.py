@@ -6,7 +6,7 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy
 
 from activities import contracts as c
-from policies.findings import HealthReport
+from policies.findings import Finding, HealthReport
 from policies.model import Generation, Policy
 from workflows.node_remediation import (
     SA_NODE,
@@ -16,6 +16,30 @@ from workflows.node_remediation import (
     Stage,
     remediation_workflow_id,
 )
+from workflows.report_intake import MAX_REPORT_FINDINGS, report_bounds_problem
+
+
+def fit_to_bounds(report: HealthReport) -> HealthReport:
+    """A detector's report cut to the bounds every receiver enforces: messages shortened first,
+    then the findings beyond what fits left out, with one finding saying how many (fail closed:
+    the node is still reported unhealthy)."""
+    if report_bounds_problem(report.model_dump(mode="json")) is None:
+        return report
+    findings = [f.model_copy(update={"message": f.message[:200]}) for f in report.findings]
+    keep = min(len(findings), MAX_REPORT_FINDINGS - 1)
+    while keep > 0:
+        extra = [Finding(kind="probe_broken", message=f"{len(findings) - keep} more findings left out: report bounds")] \
+            if keep < len(findings) else []
+        fitted = report.model_copy(update={"findings": [*findings[:keep], *extra]})
+        if report_bounds_problem(fitted.model_dump(mode="json")) is None:
+            return fitted
+        keep = keep * 3 // 4
+    return report.model_copy(update={"findings": [Finding(kind="probe_broken", message="findings left out: report bounds")],
+                                     "gpus": report.gpus[:64]})
+
+
+class ReportTooLarge(ValueError):
+    """A report over its bounds is refused before it is sent (the workflow would reject it too)."""
 
 
 async def send_report(
@@ -36,6 +60,8 @@ async def send_report(
     once; callers that only send on transitions (the agent) rarely do that.
     """
     payload = report.model_dump(mode="json") if isinstance(report, HealthReport) else report
+    if (problem := report_bounds_problem(payload)) is not None:
+        raise ReportTooLarge(f"{node}: {problem}")
     return await client.start_workflow(
         NodeRemediation.run,
         RemediationInput(node=node, cluster=cluster, generation=generation, policy=policy,

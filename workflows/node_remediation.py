@@ -29,8 +29,12 @@ with workflow.unsafe.imports_passed_through():
         guard_workflow_id,
     )
     from workflows.remediation_types import (  # noqa: F401 - re-exported: callers import them from here
+        MAX_ACTIONS_KEPT,
         MAX_BOOTS_KEPT,
         MAX_REJECTED_KEPT,
+        MAX_RUN_IDS_KEPT,
+        MAX_SEQ_SENDERS_KEPT,
+        PATCH_BOUNDED_STATE,
         PATCH_DO_NO_HARM,
         PATCH_LOCAL_CLUSTER_CALLS,
         SA_ATTRIBUTION,
@@ -50,7 +54,12 @@ with workflow.unsafe.imports_passed_through():
         Stage,
         remediation_workflow_id,
     )
-    from workflows.report_intake import new_event_ids, recurrence_findings, remember_events
+    from workflows.report_intake import (
+        new_event_ids,
+        recurrence_findings,
+        remember_events,
+        report_bounds_problem,
+    )
     from workflows.validation import AgentMissing, agent_gone, validate_once, validate_twice
 
 @workflow.defn(name="NodeRemediation")
@@ -66,6 +75,8 @@ class NodeRemediation:
     @workflow.signal
     def report(self, raw: Any) -> None:
         """A health report. Anything wrong with it is recorded and dropped: never a failed task."""
+        if self._bounded() and (problem := report_bounds_problem(raw)) is not None:
+            return self._reject(problem, raw)
         try:
             r = HealthReport.model_validate(raw)
         except ValidationError as err:
@@ -622,6 +633,10 @@ class NodeRemediation:
         left, self.s.drain_left = self.s.drain_left, []
         return f"went ahead over {len(left)} pods the drain left ({', '.join(left[:3])})" if left else ""
 
+    def _bounded(self) -> bool:
+        """Bounded reports and state (see PATCH_BOUNDED_STATE)."""
+        return workflow.patched(PATCH_BOUNDED_STATE)
+
     def _no_harm(self) -> bool:
         """The do-no-harm rules (see PATCH_DO_NO_HARM); histories from before replay without them."""
         return workflow.patched(PATCH_DO_NO_HARM)
@@ -652,6 +667,9 @@ class NodeRemediation:
         info = workflow.info()
         if info.run_id not in self.s.run_ids:
             self.s.run_ids.append(info.run_id)
+            if self._bounded() and len(self.s.run_ids) > MAX_RUN_IDS_KEPT:
+                # The first run id names the episode (idempotency keys, the ledger): it stays.
+                self.s.run_ids = [self.s.run_ids[0], *self.s.run_ids[-(MAX_RUN_IDS_KEPT - 1):]]
         if self.s.started_at is None:
             self.s.started_at = workflow.now()
             if workflow.info().typed_search_attributes.get(SA_NODE) is None:
@@ -663,6 +681,9 @@ class NodeRemediation:
             self.s.seq_by_boot = {k: v for k, v in self.s.seq_by_boot.items() if not k.endswith(f":{self.s.boot_id}")}
         self.s.boot_id = r.boot_id
         self.s.seq_by_boot[_seq_key(r)] = r.seq
+        if self._bounded() and len(self.s.seq_by_boot) > MAX_SEQ_SENDERS_KEPT:
+            # Dicts keep insertion order: the senders heard from longest ago go first.
+            self.s.seq_by_boot = dict(list(self.s.seq_by_boot.items())[-MAX_SEQ_SENDERS_KEPT:])
         self.s.latest = r
         if self.s.first_report is None:
             self.s.first_report = r
@@ -686,7 +707,11 @@ class NodeRemediation:
             raise ValueError(f"cannot {what}: the episode has ended ({self.s.outcome})")
 
     def _record(self, step: str, summary: str, ok: bool, detail: str = "") -> None:
+        if self._bounded():
+            summary, detail = summary[:300], detail[:1000]
         self.s.actions.append(ActionRecord(at=workflow.now(), step=step, summary=summary, ok=ok, detail=detail))
+        if self._bounded() and len(self.s.actions) > MAX_ACTIONS_KEPT:
+            self.s.actions = self.s.actions[-MAX_ACTIONS_KEPT:]  # the whole list is in the history
         self._set_details()
 
     def _set_stage(self, stage: Stage, *also) -> None:

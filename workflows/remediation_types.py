@@ -31,6 +31,11 @@ PATCH_LOCAL_CLUSTER_CALLS = "local-cluster-calls"
 # Do no harm: re-sent events are no recurrence; no disruptive step on a node not verifiably
 # cordoned, drained or ours; an agent that is gone is `agent_missing`, never evidence for replace.
 PATCH_DO_NO_HARM = "do-no-harm"
+# Reports over their bounds are rejected, and the episode's lists keep their newest entries only.
+PATCH_BOUNDED_STATE = "bounded-state"
+MAX_ACTIONS_KEPT = 200
+MAX_SEQ_SENDERS_KEPT = 32
+MAX_RUN_IDS_KEPT = 50
 
 
 def remediation_workflow_id(node: str) -> str:

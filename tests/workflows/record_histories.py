@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import uuid
 from pathlib import Path
@@ -82,4 +83,6 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(asyncio.run(main()))
+    asyncio.run(main())
+    sys.stdout.flush()
+    os._exit(0)  # the SDK's native threads can abort a finalizing interpreter (as in workers.cli.entry)
