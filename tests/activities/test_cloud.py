@@ -186,3 +186,12 @@ async def test_boot_id_from_kubelet_then_ssm(cloud):
     assert await run(acts.boot_id, c.BootIdRequest(node="n7")) is None
     kube.set_boot_id("n7", "boot-k")
     assert await run(acts.boot_id, c.BootIdRequest(node="n7")) == "boot-k"
+
+
+async def test_karpenter_replacement_checks_ownership_before_deleting_the_node(cloud):
+    acts, instance, _, _, kube = cloud
+    instance("n8", tags=[{"Key": "team", "Value": "someone-else"}])
+    with pytest.raises(ApplicationError) as err:
+        await run(acts.replace, c.ReplaceRequest(node="n8", idempotency_key="k", mode="karpenter"))
+    assert err.value.type == "NotOwned"
+    assert kube.list("Node", None, fields="metadata.name=n8"), "the Node was not deleted"

@@ -187,3 +187,19 @@ def test_compose_parses_and_runs_real_commands():
     flags = {cmd[i + 1] for i, a in enumerate(cmd) if a == "--search-attribute"}
     kinds = {"KEYWORD": "Keyword", "KEYWORD_LIST": "KeywordList"}
     assert flags == {f"{k.name}={kinds[k.indexed_value_type.name]}" for k in SEARCH_ATTRIBUTES}
+
+
+def test_iam_policy_conditions_each_action_on_the_resource_aws_evaluates():
+    """TerminateInstanceInAutoScalingGroup is authorized against the Auto Scaling *group* (resource
+    type autoScalingGroup, condition key autoscaling:ResourceTag/...), not the instance: the
+    group must carry the ownership tag (propagated to its instances, which the code checks before
+    it acts). EC2 actions are authorized against the instance (aws:ResourceTag/...)."""
+    policy = json.loads((ROOT / "deploy" / "iam-policy.json").read_text())
+    by_action = {a: st for st in policy["Statement"] for a in st["Action"]}
+    asg = by_action["autoscaling:TerminateInstanceInAutoScalingGroup"]
+    assert asg["Resource"].startswith("arn:aws:autoscaling:") and ":autoScalingGroup:" in asg["Resource"]
+    assert asg["Condition"] == {"StringEquals": {"autoscaling:ResourceTag/gpuheal.io/managed": "true"}}
+    for action in ("ec2:RebootInstances", "ec2:TerminateInstances", "ec2:CreateTags"):
+        st = by_action[action]
+        assert st["Resource"] == "arn:aws:ec2:*:*:instance/*"
+        assert st["Condition"] == {"StringEquals": {"aws:ResourceTag/gpuheal.io/managed": "true"}}
