@@ -65,7 +65,8 @@ async def update_episode(client: Client, node: str, update: str, *args) -> Remed
     handle, running = await _running(client, node)
     if not running:
         raise OperatorError(f"node {node!r} has no open remediation episode")
-    return await handle.execute_update(update, args=list(args), result_type=RemediationStatus)
+    # Who asked goes last: the episode records it in its history and in `status`.
+    return await handle.execute_update(update, args=[*args, client.identity], result_type=RemediationStatus)
 
 
 async def guard_update(client: Client, cluster: str, update: str, *args):

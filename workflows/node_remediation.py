@@ -102,55 +102,62 @@ class NodeRemediation:
     def lease_granted(self, grant: LeaseGrant) -> None:
         self.s.lease_held = True
 
+    # Updates take who asked as their last argument (the CLI sends its client identity): an update
+    # handler cannot see the caller, and the record in the history and in `status` names them.
     @workflow.update
-    def pause(self, reason: str = "") -> RemediationStatus:
+    def pause(self, reason: str = "", by: str = "") -> RemediationStatus:
         self.s.paused, self.s.pause_reason = True, reason or "paused by operator"
+        self._asked("pause", by, reason)
         return self.status()
 
     @pause.validator
-    def _validate_pause(self, reason: str = "") -> None:
+    def _validate_pause(self, reason: str = "", by: str = "") -> None:
         self._require_active("pause")
         if self.s.paused:
             raise ValueError("already paused")
 
     @workflow.update
-    def resume(self) -> RemediationStatus:
+    def resume(self, by: str = "") -> RemediationStatus:
         self.s.paused, self.s.pause_reason = False, ""
+        self._asked("resume", by)
         return self.status()
 
     @resume.validator
-    def _validate_resume(self) -> None:
+    def _validate_resume(self, by: str = "") -> None:
         if not self.s.paused:
             raise ValueError("not paused")
 
     @workflow.update
-    def approve(self) -> RemediationStatus:
+    def approve(self, by: str = "") -> RemediationStatus:
         self.s.approved.append(self.s.awaiting_approval)
+        self._asked("approve", by, self.s.awaiting_approval.value)
         return self.status()
 
     @approve.validator
-    def _validate_approve(self) -> None:
+    def _validate_approve(self, by: str = "") -> None:
         if self.s.awaiting_approval is None:
             raise ValueError("nothing awaits approval")
 
     @workflow.update
-    def skip_to(self, rung: str) -> RemediationStatus:
+    def skip_to(self, rung: str, by: str = "") -> RemediationStatus:
         self.s.skip_to = Rung(rung)
+        self._asked("skip_to", by, rung)
         return self.status()
 
     @skip_to.validator
-    def _validate_skip_to(self, rung: str) -> None:
+    def _validate_skip_to(self, rung: str, by: str = "") -> None:
         self._require_active("skip")
         if rung not in {r.value for r in Rung}:
             raise ValueError(f"unknown rung {rung!r}: one of {', '.join(r.value for r in Rung)}")
 
     @workflow.update
-    def cancel(self, reason: str = "") -> RemediationStatus:
+    def cancel(self, reason: str = "", by: str = "") -> RemediationStatus:
         self.s.cancel_reason = reason or "cancelled by operator"
+        self._asked("cancel", by, reason)
         return self.status()
 
     @cancel.validator
-    def _validate_cancel(self, reason: str = "") -> None:
+    def _validate_cancel(self, reason: str = "", by: str = "") -> None:
         self._require_active("cancel")
 
     @workflow.query
@@ -701,6 +708,10 @@ class NodeRemediation:
         self.s.rejected = [*self.s.rejected, RejectedReport(at=workflow.now(), reason=reason, excerpt=excerpt)][
             -MAX_REJECTED_KEPT:]
         workflow.logger.warning("rejected report for %s: %s", self.node, reason)
+
+    def _asked(self, update: str, by: str, detail: str = "") -> None:
+        if by:  # older callers (and histories) send no identity: nothing is recorded for them
+            self._record("operator", f"{update} by {by[:200]}", True, detail)
 
     def _require_active(self, what: str) -> None:
         if self.s.stage is Stage.DONE:

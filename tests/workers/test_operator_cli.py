@@ -44,6 +44,10 @@ async def test_status_approve_history_report_pause(dev_env, uniq, tmp_path):
         hist = json.loads((await cli(address, "history", n.name, "--json")).stdout)
         steps = [s["summary"] for s in hist[-1]["steps"]]
         assert hist[-1]["outcome"] == "returned" and any(s.startswith(f"reboot {n.name}") for s in steps)
+        asked = [s for s in hist[-1]["steps"] if s["step"] == "operator"]
+        assert len(asked) == 1 and asked[0]["summary"].startswith("approve by ") and "@" in asked[0]["summary"], \
+            "who approved is recorded (the CLI's client identity)"
+        assert asked[0]["detail"] == "reboot"
         rep = await cli(address, "report", other.name, "--xid", "48", "--gpu", "3", "--policy", str(fast))
         assert rep.returncode == 0, rep.stderr
         r2 = await dev_env.client.get_workflow_handle(f"remediate/{other.name}", result_type=RemediationResult).result()
