@@ -58,12 +58,9 @@ class CloudActivities:
         return instance_id_from_provider_id((await self._read_node(node)).spec.provider_id)
 
     @staticmethod
-    def _boot_state(n: client.V1Node) -> tuple[str | None, bool]:
-        """The kubelet's boot id and whether the node is Ready: a reboot changes the first and
-        drops the second for a while."""
-        boot = n.status.node_info.boot_id if n.status and n.status.node_info else None
-        ready = any(x.type == "Ready" and x.status == "True" for x in (n.status.conditions or [])) if n.status else False
-        return boot, ready
+    def _kubelet_boot_id(n: client.V1Node) -> str | None:
+        """The boot id the kubelet reports: a reboot moves it on (Ready or not proves nothing)."""
+        return n.status.node_info.boot_id if n.status and n.status.node_info else None
 
     async def _rebooted_since(self, node: str, from_boot: str | None) -> bool:
         """Whether the kubelet reports a boot id moved on from the one an earlier attempt rebooted
@@ -76,7 +73,7 @@ class CloudActivities:
         budget = min(60.0, (info.start_to_close_timeout or timedelta(minutes=3)).total_seconds() / 3)
         deadline = time.monotonic() + budget
         while True:
-            boot, _ = self._boot_state(await self._read_node(node))
+            boot = self._kubelet_boot_id(await self._read_node(node))
             if boot and boot != from_boot:
                 return True
             if time.monotonic() >= deadline:
@@ -128,7 +125,7 @@ class CloudActivities:
             await self._aws("tag instance", self.ec2.create_tags, Resources=[iid],
                             Tags=[{"Key": REBOOT_STATE_TAG, "Value": "sent"}])
             return c.RebootResult(instance_id=iid, rebooted=True, from_boot=recorded_from)
-        from_boot, _ = self._boot_state(n)
+        from_boot = self._kubelet_boot_id(n)
         await self._aws("tag instance", self.ec2.create_tags, Resources=[iid], Tags=[
             {"Key": REBOOT_KEY_TAG, "Value": req.idempotency_key[:255]}, {"Key": REBOOT_STATE_TAG, "Value": "pending"},
             {"Key": REBOOT_FROM_TAG, "Value": (from_boot or "")[:255]}])
@@ -176,7 +173,7 @@ class CloudActivities:
         """The node's boot id without its agent: the kubelet's (status.nodeInfo.bootID) when it
         reports one, else read on the instance through SSM. None when neither can tell."""
         n = await self._read_node(req.node)
-        boot, _ = self._boot_state(n)
+        boot = self._kubelet_boot_id(n)
         if boot:
             return boot
         iid = instance_id_from_provider_id(n.spec.provider_id)

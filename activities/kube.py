@@ -199,11 +199,11 @@ class KubeActivities:
             # Stay cordoned if it was before gpuheal came, or another gpuheal quarantine still holds it.
             keep = any(r.get("was_unschedulable") for r in mine.values()) or bool(others)
             outcome["unschedulable"] = keep
-            ours = [t for t in self._taint_dicts(n) if t["key"] in req.taint_keys]
-            if not ours and not mine and bool(n.spec.unschedulable) == keep:
+            taints = self._taint_dicts(n)
+            kept_taints = [t for t in taints if t["key"] not in req.taint_keys]
+            if len(kept_taints) == len(taints) and not mine and bool(n.spec.unschedulable) == keep:
                 return None
-            patch = {"spec": {"unschedulable": keep, "taints": [
-                t for t in self._taint_dicts(n) if t["key"] not in req.taint_keys]}}
+            patch = {"spec": {"unschedulable": keep, "taints": kept_taints}}
             if mine:
                 patch["metadata"] = {"annotations": {k: None for k in mine}}
             return patch

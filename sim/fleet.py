@@ -265,8 +265,7 @@ class SimulatedFleet:
                 host = self.hosts[f.node]
                 host.fault, host.recurs_left = f, f.recurs
                 host.inject()
-            await asyncio.gather(*(h.tick() for h in self.hosts.values()))
-            self._run_jobs(loop.time())
+            await self._beat()
             if on_tick is not None:
                 await on_tick(self)
             if not pending and await self._all_settled():
@@ -277,11 +276,14 @@ class SimulatedFleet:
     async def serve(self) -> None:
         """Keep every host beating after the scenario (the demo's --keep): hand-sent reports get
         reboots, re-sends and validations as during the scenario. Runs until cancelled."""
-        loop = asyncio.get_running_loop()
         while True:
-            await asyncio.gather(*(h.tick() for h in self.hosts.values()))
-            self._run_jobs(loop.time())
+            await self._beat()
             await asyncio.sleep(self.poll_s)
+
+    async def _beat(self) -> None:
+        """Every host's beat (reboots, recurrences, its agent's probe cycle), then the jobs'."""
+        await asyncio.gather(*(h.tick() for h in self.hosts.values()))
+        self._run_jobs(asyncio.get_running_loop().time())
 
     def _run_jobs(self, now: float) -> None:
         """The jobs' controller: an evicted pod comes back on another schedulable node and turns
