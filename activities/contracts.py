@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from policies.findings import Finding
-from policies.model import Attribution, GuardPolicy
+from policies.model import Attribution, GuardPolicy, Policy
 
 # Names are stable strings: histories record them, so renaming one breaks replay.
 KUBE_QUARANTINE = "kube.quarantine"
@@ -31,6 +31,7 @@ LEDGER_DENYLIST = "ledger.denylist"
 LEDGER_CHECK_DENIED = "ledger.check_denied"
 GUARD_SIGNAL = "guard.signal"
 GUARD_LIVE_HOLDERS = "guard.live_holders"
+POLICY_CURRENT = "policy.current"
 
 DEFAULT_TASK_QUEUE = "gpuheal"  # the controller's queue: workflows and cluster-side activities
 
@@ -264,3 +265,17 @@ class LiveHoldersRequest(BaseModel):
 
 class LiveHoldersResult(BaseModel):
     running: list[str]
+
+
+# --- policy -------------------------------------------------------------------------------------
+class PolicyRequest(BaseModel):
+    node: str = Field(default="", description="Who asks (for the controller's log); the answer is the same for all.")
+
+
+class PolicySnapshot(BaseModel):
+    """The controller's policy as an episode took it: recorded in the history, named in status."""
+
+    name: str
+    sha256: str = Field(description="Hash of the policy's canonical JSON: two controllers with one file agree.")
+    source: str = Field(default="", description="Where the controller loaded it from (a path, or 'default').")
+    policy: Policy

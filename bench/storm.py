@@ -34,6 +34,7 @@ from activities.cloud import CloudActivities  # noqa: E402
 from activities.guard import GuardActivities  # noqa: E402
 from activities.kube import KubeActivities  # noqa: E402
 from activities.ledger import LedgerActivities, SqliteLedger  # noqa: E402
+from activities.policy import PolicyActivities  # noqa: E402
 from bench.baseline import BaselineActivities, StormBaseline  # noqa: E402
 from bench.results import append_result  # noqa: E402
 from policies.findings import Finding, GpuIds, HealthReport  # noqa: E402
@@ -90,14 +91,14 @@ async def run(nodes: int, single: int) -> dict:
     cloud = CloudActivities(session.client("ec2"), session.client("autoscaling"), session.client("ssm"), core)
     ledger = LedgerActivities(SqliteLedger(str(Path(tempfile.mkdtemp()) / "ledger.db")))
     tq = f"storm-{uuid.uuid4().hex[:6]}"
-    acts = [*controller_activities(KubeActivities(core), cloud, ledger, GuardActivities(env.client)),
+    acts = [*controller_activities(KubeActivities(core), cloud, ledger, GuardActivities(env.client),
+                                  PolicyActivities(default_policy())),
             BaselineActivities(core).cordon]
-    policy = default_policy()
     loop = asyncio.get_running_loop()
 
     async def gpuheal_send(node: str) -> float:
         t0 = time.monotonic()
-        await send_report(env.client, report(node), node=node, policy=policy, cluster=f"c-{tq}", task_queue=tq)
+        await send_report(env.client, report(node), node=node, cluster=f"c-{tq}", task_queue=tq)
         return t0
 
     async def base_send(node: str) -> float:

@@ -14,15 +14,13 @@ import time
 from kubernetes import client
 
 from bench.results import append_result
-from policies.loader import default_policy
 from sim.fake_kube import FakeKubeServer
 from workers.condition_watcher import ConditionRule, ConditionWatcher, WatcherConfig
 
 
 class TimedWatcher(ConditionWatcher):
     def __init__(self, core):
-        super().__init__(None, core, WatcherConfig(rules=[ConditionRule(type="XidCriticalError")],
-                                                   policy=default_policy()))
+        super().__init__(None, core, WatcherConfig(rules=[ConditionRule(type="XidCriticalError")]))
         self.arrivals: dict[str, float] = {}
         self.changed = asyncio.Event()
 

@@ -72,6 +72,12 @@ def _merge(base: dict, override: dict) -> dict:
     return out
 
 
+def policy_yaml(policy: Policy) -> str:
+    """A policy as a file `load_policy` gives back equal (the pinned catalog left out): how a
+    resolved policy, e.g. a scenario's scaled one, becomes a controller's --policy."""
+    return yaml.safe_dump(policy.model_dump(mode="json", exclude={"xids", "xid_catalog_version"}), sort_keys=False)
+
+
 def default_policy() -> Policy:
     return policy_from_mapping({}, "default")
 

@@ -28,6 +28,7 @@ from activities.guard import GuardActivities
 from activities.kube import KubeActivities
 from activities.ledger import LedgerActivities, SqliteLedger
 from activities.node import NodeActivities
+from activities.policy import PolicyActivities
 from health.nics import NicExpectation
 from health.runner import ProbeConfig
 from policies.findings import Finding
@@ -215,7 +216,8 @@ class SimulatedFleet:
             self.ledger = SqliteLedger(self.tmp / "ledger.db")
             ledger, guard = LedgerActivities(self.ledger), GuardActivities(self.temporal)
             workers.append(controller_worker(self.temporal, self.task_queue,
-                                             controller_activities(KubeActivities(core), cloud, ledger, guard)))
+                                             controller_activities(KubeActivities(core), cloud, ledger, guard,
+                                                                   PolicyActivities(self.policy, "scenario"))))
         for host in self.hosts.values():
             acts = SimNodeActivities(host, self.agent_config(host).probe, host.nv, proc=host.proc, nvidia_smi=str(smi),
                                      dcgmi=str(self.tmp / "no-dcgmi"))

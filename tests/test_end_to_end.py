@@ -22,6 +22,7 @@ from activities.guard import GuardActivities
 from activities.kube import KubeActivities
 from activities.ledger import LedgerActivities, SqliteLedger
 from activities.node import NodeActivities
+from activities.policy import PolicyActivities
 from health.nics import NicExpectation
 from health.runner import ProbeConfig
 from policies.loader import default_policy
@@ -105,7 +106,8 @@ async def gpu_cluster(dev_env, aws, tmp_path, uniq, policy):
     ledger = LedgerActivities(SqliteLedger(tmp_path / "ledger.db"))
     guard = GuardActivities(dev_env.client)
     controller = Worker(dev_env.client, task_queue=tq, workflows=CONTROLLER_WORKFLOWS,
-                        activities=controller_activities(kube_acts, cloud_acts, ledger, guard))
+                        activities=controller_activities(kube_acts, cloud_acts, ledger, guard,
+                                                                  PolicyActivities(policy, "test")))
     agent_worker = Worker(dev_env.client, task_queue=node_task_queue(node), activities=node_acts.activities())
     stop = asyncio.Event()
     try:

@@ -102,8 +102,7 @@ class Agent:
         telemetry.count_probe_failures(self.client.service_client.config.runtime, self.config.node, snap.findings)
         if self.announce and self.config.admit_on_start:
             ids = sorted({g.uuid for g in snap.gpus} | {g.serial for g in snap.gpus if g.serial})
-            await start_admission(self.client, node=self.config.node, policy=self.config.policy, hardware_ids=ids,
-                                  task_queue=self.config.task_queue, expected_gpus=self.config.probe.expected_gpus)
+            await start_admission(self.client, node=self.config.node, hardware_ids=ids, task_queue=self.config.task_queue)
         findings = self.confirmed(snap.findings)
         # A new event of the same kind on the same GPU is news: it is sent at once, not at the re-send.
         fingerprint = tuple(sorted(str((*_key(f), f.event_id)) for f in findings))
@@ -118,9 +117,8 @@ class Agent:
                               agent_version=AGENT_VERSION, detected_at=datetime.now(UTC), gpus=snap.gpus,
                               findings=findings)
         report = fit_to_bounds(report)
-        await send_report(self.client, report, node=self.config.node, policy=self.config.policy,
-                          generation=self.config.generation, cluster=self.config.cluster,
-                          task_queue=self.config.task_queue, expected_gpus=self.config.probe.expected_gpus)
+        await send_report(self.client, report, node=self.config.node, generation=self.config.generation,
+                          cluster=self.config.cluster, task_queue=self.config.task_queue)
         self.sent, self.sent_at, self.signals = fingerprint, now, self.signals + 1
         log.info("node %s: sent report seq %d with %d findings", self.config.node, self.seq, len(findings))
         return report

@@ -155,7 +155,7 @@ def cmd_controller(args) -> int:
         return 2
     cfg = ControllerConfig(task_queue=args.task_queue, kubeconfig=args.kubeconfig, ledger=args.ledger,
                            gpu_node_selector=args.gpu_node_selector or None, watch_conditions=rules,
-                           policy=policy, cluster=args.cluster)
+                           policy=policy, policy_source=args.policy, cluster=args.cluster)
 
     async def body(client, stop) -> None:
         print(f"gpuheal controller: serving {args.task_queue} on {_address(args)}", file=sys.stderr, flush=True)
@@ -266,7 +266,7 @@ def cmd_demo(args) -> int:
                         print(f"  {r['node']:<12} {args.ui}/namespaces/{ns}/workflows?query=GpuNode%3D%22{r['node']}%22")
                 sys.stdout.flush()
                 if args.keep:
-                    await demo.keep_playing(fleet, policy, address, ns)
+                    await demo.keep_playing(fleet, address, ns)
 
             await simulate.run_scenario(scenario, policy, opts, on_tick=demo.Progress(), client=client, after=results)
 
@@ -349,7 +349,7 @@ def cmd_report(args) -> int:
     from workers import operator as op
 
     async def work(c):
-        handle = await op.manual_report(c, args.node, args.xid, args.gpu, args.policy, args.cluster, args.task_queue)
+        handle = await op.manual_report(c, args.node, args.xid, args.gpu, args.cluster, args.task_queue)
         return {"workflow_id": handle.id, "sent": True}
 
     return _operator(args, work)
@@ -433,7 +433,8 @@ def build_parser() -> argparse.ArgumentParser:
     ctl.add_argument("--gpu-node-selector", default="nvidia.com/gpu.present=true")
     ctl.add_argument("--watch-condition", action="append", default=[], metavar="TYPE[=STATUS][:SECONDS]",
                      help="a node condition (NPD, DCGM exporter) that means a GPU fault once held SECONDS; repeatable")
-    ctl.add_argument("--policy", default="default", help="policy file for episodes the condition watcher starts")
+    ctl.add_argument("--policy", default="default",
+                     help="the policy every episode acts on (episodes take it from the controller, never from a report)")
     ctl.add_argument("--cluster", default="default")
     ctl.set_defaults(func=cmd_controller)
 
@@ -442,7 +443,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_temporal_args(agent)
     agent.add_argument("--task-queue", default=c.DEFAULT_TASK_QUEUE)
     agent.add_argument("--cluster", default="default")
-    agent.add_argument("--policy", default="default")
+    agent.add_argument("--policy", default="default",
+                       help="for the agent's own judgement of which findings are fatal; episodes use the controller's")
     agent.add_argument("--generation", default="hopper", choices=["ampere", "hopper", "blackwell"])
     agent.add_argument("--expected-gpus", type=int, default=8)
     agent.add_argument("--poll-interval", type=float, default=10.0)
@@ -483,7 +485,6 @@ def build_parser() -> argparse.ArgumentParser:
     rep = operator_cmd("report", "report a fault by hand", cmd_report, "required")
     rep.add_argument("--xid", type=int, required=True)
     rep.add_argument("--gpu", type=int, required=True)
-    rep.add_argument("--policy", default="default")
     rep.add_argument("--task-queue", default=c.DEFAULT_TASK_QUEUE)
     _logging_flags_everywhere(sub)
     return p

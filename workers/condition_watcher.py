@@ -16,7 +16,7 @@ from temporalio.client import Client
 
 from activities import contracts as c
 from policies.findings import Finding, FindingKind, HealthReport
-from policies.model import Generation, Policy
+from policies.model import Generation
 from workers.reporting import send_report
 
 log = logging.getLogger("gpuheal.watcher")
@@ -35,7 +35,6 @@ class ConditionRule:
 @dataclass
 class WatcherConfig:
     rules: list[ConditionRule]
-    policy: Policy
     cluster: str = "default"
     task_queue: str = c.DEFAULT_TASK_QUEUE
     generation: Generation = Generation.HOPPER
@@ -80,8 +79,7 @@ class ConditionWatcher:
         report = HealthReport(node=node.metadata.name, boot_id=boot, seq=time.time_ns() // 1000, source="watcher",
                               agent_version="gpuheal-condition-watcher", detected_at=datetime.now(UTC),
                               findings=findings)
-        await send_report(self.temporal, report, node=node.metadata.name, policy=self.config.policy,
-                          generation=self.config.generation, cluster=self.config.cluster,
+        await send_report(self.temporal, report, node=node.metadata.name, generation=self.config.generation, cluster=self.config.cluster,
                           task_queue=self.config.task_queue)
         st.sent = fingerprint
         self.sent += 1

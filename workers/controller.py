@@ -18,6 +18,7 @@ from activities.cloud import CloudActivities
 from activities.guard import GuardActivities
 from activities.kube import CLUSTER_CALL_THREADS, KubeActivities, load_core_api
 from activities.ledger import DynamoLedger, LedgerActivities, SqliteLedger
+from activities.policy import PolicyActivities
 from policies.loader import default_policy
 from policies.model import Policy
 from workers.condition_watcher import ConditionRule, ConditionWatcher, WatcherConfig
@@ -38,7 +39,8 @@ class ControllerConfig:
     max_concurrent_activities: int = 200
     # Node conditions other detectors set (NPD, DCGM exporter) that count as GPU faults; empty: no watcher.
     watch_conditions: list[ConditionRule] = field(default_factory=list)
-    policy: Policy | None = None  # what the watcher's reports start episodes with (None: the defaults)
+    policy: Policy | None = None  # the policy every episode acts on (None: the defaults)
+    policy_source: str = "default"  # where it was loaded from, shown with its hash in status
     cluster: str = "default"
 
 
@@ -46,12 +48,12 @@ CONTROLLER_WORKFLOWS = [NodeRemediation, FleetGuard, NodeAdmission]
 
 
 def controller_activities(kube: KubeActivities, cloud: CloudActivities, ledger: LedgerActivities,
-                          guard: GuardActivities) -> list:
+                          guard: GuardActivities, policy: PolicyActivities) -> list:
     """Every cluster-side activity, in one list: the controller, the simulator and the tests register it."""
     return [kube.quarantine, kube.return_to_service, kube.attribute_pods, kube.drain, kube.event, kube.fleet_size,
             kube.check_node,
             cloud.reboot, cloud.replace, cloud.boot_id, ledger.record, ledger.count_recent, ledger.denylist,
-            ledger.check_denied, guard.signal_guard, guard.live_holders]
+            ledger.check_denied, guard.signal_guard, guard.live_holders, policy.current]
 
 
 def build_worker(client: Client, cfg: ControllerConfig) -> Worker:
@@ -66,7 +68,8 @@ def build_worker(client: Client, cfg: ControllerConfig) -> Worker:
         Path(cfg.ledger).parent.mkdir(parents=True, exist_ok=True)
         store = SqliteLedger(cfg.ledger)
     return controller_worker(client, cfg.task_queue,
-                             controller_activities(kube, cloud, LedgerActivities(store), GuardActivities(client)),
+                             controller_activities(kube, cloud, LedgerActivities(store), GuardActivities(client),
+                                                   PolicyActivities(cfg.policy or default_policy(), cfg.policy_source)),
                              cfg.max_concurrent_activities)
 
 
@@ -105,6 +108,6 @@ async def run_controller(client: Client, cfg: ControllerConfig, stop: asyncio.Ev
             await stop.wait()
             return
         watcher = ConditionWatcher(client, load_core_api(cfg.kubeconfig), WatcherConfig(
-            rules=cfg.watch_conditions, policy=cfg.policy or default_policy(), cluster=cfg.cluster,
+            rules=cfg.watch_conditions, cluster=cfg.cluster,
             task_queue=cfg.task_queue, label_selector=cfg.gpu_node_selector))
         await watcher.run(stop)

@@ -11,8 +11,6 @@ import signal
 import sys
 from pathlib import Path
 
-import yaml
-
 from sim.fleet import SimulatedFleet
 from workers import telemetry
 from workflows.node_remediation import NodeRemediation, remediation_workflow_id
@@ -97,14 +95,13 @@ def logs_to_file(path: Path):
         log.close()
 
 
-def playground_commands(fleet: SimulatedFleet, address: str, namespace: str, policy_file: Path) -> list[str]:
+def playground_commands(fleet: SimulatedFleet, address: str, namespace: str) -> list[str]:
     """Ready-to-paste commands against the running fleet."""
     healthy = [h for h in fleet.hosts.values() if not h.injected] or list(fleet.hosts.values())
     node = healthy[-1].name
     conn = f"--temporal {address} --namespace {namespace}"
     return [
-        f"gpuheal report {node} --xid 79 --gpu 1 {conn} --cluster {fleet.cluster} --task-queue {fleet.task_queue} "
-        f"--policy {policy_file}",
+        f"gpuheal report {node} --xid 79 --gpu 1 {conn} --cluster {fleet.cluster} --task-queue {fleet.task_queue}",
         f"kubectl --kubeconfig {STATE / 'kubeconfig'} get nodes -w",
         f"gpuheal status {conn} --cluster {fleet.cluster}",
         f"gpuheal status {node} {conn}",
@@ -114,13 +111,12 @@ def playground_commands(fleet: SimulatedFleet, address: str, namespace: str, pol
     ]
 
 
-async def keep_playing(fleet: SimulatedFleet, policy, address: str, namespace: str) -> None:
-    """--keep: the fleet (hosts, agents, controller, fake API server, moto) keeps running."""
-    policy_file = STATE / "demo-policy.yaml"
-    policy_file.write_text(yaml.safe_dump(policy.model_dump(mode="json", exclude={"xids", "xid_catalog_version"})))
+async def keep_playing(fleet: SimulatedFleet, address: str, namespace: str) -> None:
+    """--keep: the fleet (hosts, agents, controller, fake API server, moto) keeps running; a report
+    sent by hand gets the scenario's policy, which is the fleet's controller's."""
     (STATE / "kubeconfig").write_text(Path(fleet.kubeconfig).read_text())
     print("\n--keep: the whole fleet stays up; Ctrl-C (or SIGTERM) stops everything. Try:", flush=True)
-    for cmd in playground_commands(fleet, address, namespace, policy_file):
+    for cmd in playground_commands(fleet, address, namespace):
         print(f"  {cmd}", flush=True)
     await fleet.serve()
 

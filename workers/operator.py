@@ -10,7 +10,6 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities import contracts as c
 from policies.findings import Finding, HealthReport
-from policies.loader import load_policy
 from workers.reporting import send_report
 from workflows.fleet_guard import FleetGuard, guard_workflow_id
 from workflows.node_remediation import NodeRemediation, RemediationStatus, remediation_workflow_id
@@ -79,8 +78,8 @@ async def guard_update(client: Client, cluster: str, update: str, *args):
         raise
 
 
-async def manual_report(client: Client, node: str, xid: int, gpu: int, policy_path: str = "default",
-                        cluster: str = "default", task_queue: str = c.DEFAULT_TASK_QUEUE):
+async def manual_report(client: Client, node: str, xid: int, gpu: int, cluster: str = "default",
+                        task_queue: str = c.DEFAULT_TASK_QUEUE):
     """A person's report: its own sequence, on the node's current boot so the agent's stay valid."""
     boot = "manual"
     try:
@@ -90,5 +89,4 @@ async def manual_report(client: Client, node: str, xid: int, gpu: int, policy_pa
     report = HealthReport(node=node, boot_id=boot, seq=time.time_ns() // 1000, source="manual",
                           detected_at=datetime.now(UTC),
                           findings=[Finding(kind="xid", xid=xid, gpu_index=gpu, message=f"reported by an operator: Xid {xid}")])
-    return await send_report(client, report, node=node, policy=load_policy(policy_path), cluster=cluster,
-                             task_queue=task_queue)
+    return await send_report(client, report, node=node, cluster=cluster, task_queue=task_queue)

@@ -7,7 +7,7 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes, Workfl
 
 from activities import contracts as c
 from policies.findings import Finding, HealthReport
-from policies.model import Generation, Policy
+from policies.model import Generation
 from workflows.node_remediation import (
     SA_NODE,
     SA_STAGE,
@@ -47,14 +47,14 @@ async def send_report(
     report: HealthReport | dict,
     *,
     node: str,
-    policy: Policy,
     generation: Generation = Generation.HOPPER,
     cluster: str = "default",
     task_queue: str = c.DEFAULT_TASK_QUEUE,
-    expected_gpus: int | None = None,
     history_limit: int | None = None,
 ) -> WorkflowHandle:
     """Deliver a report to the node's running episode, or start one with it.
+
+    The episode's policy is the controller's: a sender names only the node, cluster and generation.
 
     A healthy report to a node with no running episode still starts one that ends `healthy` at
     once; callers that only send on transitions (the agent) rarely do that.
@@ -64,8 +64,8 @@ async def send_report(
         raise ReportTooLarge(f"{node}: {problem}")
     return await client.start_workflow(
         NodeRemediation.run,
-        RemediationInput(node=node, cluster=cluster, generation=generation, policy=policy,
-                         expected_gpus=expected_gpus, guard_task_queue=task_queue, history_limit=history_limit),
+        RemediationInput(node=node, cluster=cluster, generation=generation, guard_task_queue=task_queue,
+                         history_limit=history_limit),
         id=remediation_workflow_id(node),
         task_queue=task_queue,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
@@ -77,8 +77,8 @@ async def send_report(
     )
 
 
-async def start_admission(client: Client, *, node: str, policy: Policy, hardware_ids: list[str],
-                          task_queue: str = c.DEFAULT_TASK_QUEUE, expected_gpus: int | None = None) -> bool:
+async def start_admission(client: Client, *, node: str, hardware_ids: list[str],
+                          task_queue: str = c.DEFAULT_TASK_QUEUE) -> bool:
     """Start `admit/<node>` once per node; False when it already ran (or runs) for this node."""
     from temporalio.common import WorkflowIDReusePolicy
     from temporalio.exceptions import WorkflowAlreadyStartedError
@@ -88,7 +88,7 @@ async def start_admission(client: Client, *, node: str, policy: Policy, hardware
     try:
         await client.start_workflow(
             NodeAdmission.run,
-            AdmissionInput(node=node, policy=policy, hardware_ids=hardware_ids, expected_gpus=expected_gpus),
+            AdmissionInput(node=node, hardware_ids=hardware_ids),
             id=admission_workflow_id(node), task_queue=task_queue,
             # A node is admitted once: an agent restart must not put a serving node back behind the taint.
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,

@@ -12,6 +12,7 @@ with workflow.unsafe.imports_passed_through():
     from activities import contracts as c
     from activities.errors import NON_RETRYABLE
     from policies.model import Policy
+    from workflows.controller_policy import controller_policy_applies, ignored_fields, take_controller_policy
     from workflows.node_remediation import ActionRecord, Outcome
     from workflows.validation import validate_twice
 
@@ -21,8 +22,10 @@ def admission_workflow_id(node: str) -> str:
 
 
 class AdmissionInput(BaseModel):
+    """The agent starts admission: the policy is the controller's (histories from before carry one here)."""
+
     node: str
-    policy: Policy
+    policy: Policy | None = None
     hardware_ids: list[str] = Field(description="GPU UUIDs and serials, the instance host id: checked against the denylist.")
     expected_gpus: int | None = None
 
@@ -48,6 +51,13 @@ class NodeAdmission:
 
     @workflow.run
     async def run(self, inp: AdmissionInput) -> AdmissionResult:
+        if controller_policy_applies():
+            snap = await take_controller_policy(inp.node)
+            trusted = {"policy": snap.policy, "expected_gpus": None}
+            ignored = ignored_fields(inp, trusted)
+            inp = self.inp = inp.model_copy(update=trusted)
+            self._record("policy", f"policy {snap.name} ({snap.sha256[:12]}) from the controller", True,
+                         f"ignored what the start input set: {', '.join(ignored)}" if ignored else "")
         await self._step(c.KUBE_QUARANTINE, c.QuarantineRequest(
             node=inp.node, fault_class="unvalidated", reason="new node: validation pending",
             taint_key=c.UNVALIDATED_TAINT, dry_run=inp.policy.dry_run), f"taint {inp.node} unvalidated")

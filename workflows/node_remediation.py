@@ -18,6 +18,7 @@ with workflow.unsafe.imports_passed_through():
     from policies.classify import Triage, classify
     from policies.findings import HealthReport
     from policies.model import Rung
+    from workflows.controller_policy import controller_policy_applies, ignored_fields, take_controller_policy
     from workflows.fleet_guard import (
         GUARD_SIGNAL_FAULT,
         GUARD_SIGNAL_RELEASE,
@@ -69,7 +70,9 @@ class NodeRemediation:
         self.inp = inp
         self.policy = inp.policy
         self.node = inp.node
-        self.s = inp.state or RemediationState()
+        # Only a run this workflow continued carries state: a first run's input comes from whoever
+        # sent the first report, and is never trusted with the episode's state.
+        self.s = (inp.state if workflow.info().continued_run_id else None) or RemediationState()
 
     # --- handlers: agents signal, operators update, everyone queries --------------------------
     @workflow.signal
@@ -170,13 +173,14 @@ class NodeRemediation:
             pause_reason=s.pause_reason, awaiting_approval=s.awaiting_approval, cancel_reason=s.cancel_reason,
             rejected=s.rejected, rejected_total=s.rejected_total, duplicates=s.duplicates,
             validations=s.validations, boot_id=s.boot_id, run_ids=s.run_ids, agent_missing=s.agent_missing,
-            implicated=s.implicated,
+            implicated=s.implicated, policy_name=s.policy_name, policy_sha256=s.policy_sha256,
         )
 
     # --- the runbook ---------------------------------------------------------------------------
     @workflow.run
     async def run(self, inp: RemediationInput) -> RemediationResult:
         self._begin_run()
+        await self._take_controller_policy()
         await workflow.wait_condition(lambda: self.s.latest is not None)
         steps = {
             Stage.TRIAGE: self._triage,
@@ -194,6 +198,26 @@ class NodeRemediation:
             await steps[self.s.stage]()
         await self._close_episode()
         return self._result()
+
+    async def _take_controller_policy(self) -> None:
+        """The controller's policy, once per episode (a continued run carries it): the sender's
+        policy, GPU count and guard queue in the start input are ignored, and the history says so."""
+        if not controller_policy_applies():
+            return
+        # Every patch is decided before the first local activity of a run: on replay, a patch
+        # marker after a local activity's marker in one workflow task is a nondeterminism error.
+        self._bounded(), self._no_harm(), self._local_cluster_calls()
+        if workflow.info().continued_run_id and self.s.policy_sha256:
+            return
+        snap = await take_controller_policy(self.node)
+        trusted = {"policy": snap.policy, "state": None, "expected_gpus": None,
+                   "guard_task_queue": workflow.info().task_queue}
+        ignored = ignored_fields(self.inp, trusted) if not workflow.info().continued_run_id else []
+        self.inp = self.inp.model_copy(update=trusted)
+        self.policy = snap.policy
+        self.s.policy_name, self.s.policy_sha256 = snap.name, snap.sha256
+        self._record("policy", f"policy {snap.name} ({snap.sha256[:12]}) from the controller", True,
+                     f"ignored what the start input set: {', '.join(ignored)}" if ignored else "")
 
     async def _triage(self) -> None:
         report = self.s.latest
@@ -767,7 +791,7 @@ class NodeRemediation:
         limit = self.inp.history_limit
         if info.is_continue_as_new_suggested() or (limit and info.get_current_history_length() > limit):
             await workflow.wait_condition(workflow.all_handlers_finished)
-            workflow.continue_as_new(self.inp.model_copy(update={"state": self.s}))
+            workflow.continue_as_new(self.inp.model_copy(update={"state": self.s, "policy": self.policy}))
 
     def _episode(self) -> str:
         return f"{workflow.info().workflow_id}/{self.s.run_ids[0]}"
@@ -789,6 +813,8 @@ class NodeRemediation:
             lines.append(f"**Fault**: {s.triage.fault_class}, {s.triage.attribution}: {s.triage.reason}")
         if s.stage is Stage.LADDER and s.next_rung:
             lines.append(f"**Next rung**: {s.next_rung.value}; tried: {', '.join(r.value for r in s.rungs_tried) or '-'}")
+        if s.policy_sha256:
+            lines.append(f"**Policy**: {s.policy_name} ({s.policy_sha256[:12]})")
         if s.paused:
             lines.append(f"**Paused**: {s.pause_reason}")
         if s.awaiting_approval:

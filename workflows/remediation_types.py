@@ -118,14 +118,20 @@ class RemediationState(BaseModel):
     agent_missing: bool = Field(default=False, description="A node-local step found no agent polling node/<name>.")
     drain_left: list[str] = Field(default_factory=list, description="Pods the drain could not move (timed out, escalated).")
     run_ids: list[str] = Field(default_factory=list)
+    policy_name: str = Field(default="", description="The controller's policy this episode acts on ('' before controller-policy).")
+    policy_sha256: str = ""
 
 
 class RemediationInput(BaseModel):
+    """What starts an episode: senders give node, cluster and generation. The rest is the workflow's
+    own (carried through continue-as-new); in a first run it is ignored and the policy is the
+    controller's (see workflows/controller_policy.py). Histories from before carry a policy here."""
+
     node: str
     cluster: str = "default"
     generation: Generation = Generation.HOPPER
-    policy: Policy
-    expected_gpus: int | None = None
+    policy: Policy | None = None
+    expected_gpus: int | None = Field(default=None, description="Unset: the agent's own --expected-gpus decides.")
     guard_task_queue: str = Field(default=DEFAULT_TASK_QUEUE, description="Where the guard runs if it must be started.")
     history_limit: int | None = Field(
         default=None, description="Continue as new past this many events (besides the server's suggestion)."
@@ -158,6 +164,8 @@ class RemediationStatus(BaseModel):
     run_ids: list[str]
     agent_missing: bool = False
     implicated: list[str] = Field(default_factory=list)
+    policy_name: str = ""
+    policy_sha256: str = ""
 
 
 class RemediationResult(BaseModel):

@@ -16,6 +16,7 @@ import pytest
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
+from policies.loader import policy_yaml
 from sim.fault_proxy import AwsFaultProxy
 from sim.fleet import SimulatedFleet
 from sim.scenario import load_scenario
@@ -78,8 +79,12 @@ class ControllerProcess:
     """`gpuheal controller` as a separate process, to be SIGKILLed and started again."""
 
     def __init__(self, fleet: SimulatedFleet, address: str, aws_url: str, tmp: Path):
+        # The scenario's policy is the controller's: episodes take it from the controller, not the agents.
+        policy = tmp / "policy.yaml"
+        policy.write_text(policy_yaml(fleet.policy))
         self.cmd = [sys.executable, "-m", "workers.cli", "controller", "--temporal", address, "--kubeconfig",
-                    fleet.kubeconfig, "--ledger", str(tmp / "ledger.db"), "--task-queue", fleet.task_queue]
+                    fleet.kubeconfig, "--ledger", str(tmp / "ledger.db"), "--task-queue", fleet.task_queue,
+                    "--policy", str(policy)]
         self.env = {**os.environ, "AWS_ENDPOINT_URL": aws_url, "AWS_ACCESS_KEY_ID": "sim",
                     "AWS_SECRET_ACCESS_KEY": "sim", "AWS_DEFAULT_REGION": "us-east-1"}
         self.log = (tmp / "controller.log").open("ab")

@@ -152,8 +152,7 @@ async def test_rbac_covers_every_request_the_activities_send():
         await env.run(acts.event, c.EventRequest(node="n1", reason="GpuRemediation", message="reset"))
         await env.run(acts.return_to_service, c.ReturnToServiceRequest(node="n1", reason="validated twice"))
         await env.run(acts.fleet_size)
-        watcher = ConditionWatcher(None, core, WatcherConfig(rules=[ConditionRule(type="XidCriticalError")],
-                                                             policy=policy_from_mapping({})))
+        watcher = ConditionWatcher(None, core, WatcherConfig(rules=[ConditionRule(type="XidCriticalError")]))
         stop = asyncio.Event()
         task = asyncio.create_task(watcher.run(stop, timeout_s=1))
         await asyncio.sleep(0.5)

@@ -29,7 +29,7 @@ async def test_condition_held_long_enough_reports_then_recovers(ts_env, uniq):
     fleet.add(FakeNode(node, []))
     clock = Clock()
     watcher = ConditionWatcher(ts_env.client, core, WatcherConfig(
-        rules=[ConditionRule(type="XidCriticalError", for_s=60)], policy=policy, cluster=fleet.cluster,
+        rules=[ConditionRule(type="XidCriticalError", for_s=60)], cluster=fleet.cluster,
         task_queue=fleet.task_queue), clock=clock)
     server.kube.add_node(node)
     try:
@@ -66,8 +66,7 @@ class SeenWatcher(ConditionWatcher):
     """The real list/watch loop; what it hands to `observe` is recorded instead of sent."""
 
     def __init__(self, core):
-        super().__init__(None, core, WatcherConfig(rules=[ConditionRule(type="XidCriticalError")],
-                                                   policy=default_policy()))
+        super().__init__(None, core, WatcherConfig(rules=[ConditionRule(type="XidCriticalError")]))
         self.seen: list[tuple[str, str | None]] = []
         self.changed = asyncio.Event()
 

@@ -13,7 +13,7 @@ from activities.node import NodeActivities
 from health.nics import NicExpectation
 from health.runner import ProbeConfig
 from policies.findings import Finding, HealthReport
-from policies.loader import default_policy
+from policies.loader import default_policy, policy_yaml
 from sim.fake_kube import FakeKubeServer
 from sim.nvml import SimulatedNvml
 from workers.reporting import send_report
@@ -27,8 +27,10 @@ async def test_controller_process_runs_an_episode(dev_env, uniq, tmp_path):
     server.kube.add_pod("job-0", node)
     cfg = server.write_kubeconfig(tmp_path / "kubeconfig")
     address = dev_env.client.service_client.config.target_host
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(policy_yaml(default_policy().scaled(0.001)))
     proc = subprocess.Popen([sys.executable, "-m", "workers.cli", "controller", "--temporal", address, "--task-queue", tq,
-                             "--kubeconfig", str(cfg), "--ledger", str(tmp_path / "ledger.db")],
+                             "--kubeconfig", str(cfg), "--ledger", str(tmp_path / "ledger.db"), "--policy", str(policy)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "AWS_DEFAULT_REGION": "us-east-1"})
     nv = SimulatedNvml(node, gpus=8)
@@ -36,12 +38,11 @@ async def test_controller_process_runs_an_episode(dev_env, uniq, tmp_path):
     (tmp_path / "proc/sys/kernel/random/boot_id").write_text("b1\n")
     acts = NodeActivities(ProbeConfig(expected_gpus=8, nics=NicExpectation(ports=0), require_nvidia_smi=False,
                                       sysfs_infiniband=tmp_path), nv, proc=tmp_path / "proc")
-    policy = default_policy().scaled(0.001)
     try:
         async with Worker(dev_env.client, task_queue=node_task_queue(node),
                           activities=acts.activities()):
             await send_report(dev_env.client, HealthReport(node=node, boot_id="b1", seq=1, findings=[
-                Finding(kind="xid", xid=13, gpu_index=1)]), node=node, policy=policy, task_queue=tq)
+                Finding(kind="xid", xid=13, gpu_index=1)]), node=node, task_queue=tq)
             handle = dev_env.client.get_workflow_handle(f"remediate/{node}", result_type=RemediationResult)
             result = await asyncio.wait_for(handle.result(), 120)
     finally:

@@ -16,8 +16,6 @@ async def cli(address: str, *argv: str) -> subprocess.CompletedProcess:
 
 
 async def test_status_approve_history_report_pause(dev_env, uniq, tmp_path):
-    fast = tmp_path / "fast.yaml"
-    fast.write_text("validation: {soak: 50ms}\nprobation: 200ms\nladder: {reset: {return_timeout: 50ms}}\n")
     address = dev_env.client.service_client.config.target_host
     policy = default_policy().scaled(0.001)
     policy.ladder.reboot.requires_approval = True
@@ -48,7 +46,7 @@ async def test_status_approve_history_report_pause(dev_env, uniq, tmp_path):
         assert len(asked) == 1 and asked[0]["summary"].startswith("approve by ") and "@" in asked[0]["summary"], \
             "who approved is recorded (the CLI's client identity)"
         assert asked[0]["detail"] == "reboot"
-        rep = await cli(address, "report", other.name, "--xid", "48", "--gpu", "3", "--policy", str(fast))
+        rep = await cli(address, "report", other.name, "--xid", "48", "--gpu", "3")
         assert rep.returncode == 0, rep.stderr
         r2 = await dev_env.client.get_workflow_handle(f"remediate/{other.name}", result_type=RemediationResult).result()
         assert (r2.fault_class, r2.rungs) == ("memory", ["reset"])

@@ -19,6 +19,7 @@ from temporalio.worker import Worker
 from activities import contracts as c
 from activities.errors import NO_EFFECT, fail
 from activities.guard import GuardActivities
+from activities.policy import PolicyActivities
 from policies.findings import Finding, GpuIds, HealthReport
 from policies.model import Policy
 from workers.reporting import send_report
@@ -87,7 +88,7 @@ class FakeFleet:
         return node
 
     async def report(self, name: str, **kw):
-        return await send_report(self.client, self.nodes[name].report(**kw), node=name, policy=self.policy,
+        return await send_report(self.client, self.nodes[name].report(**kw), node=name,
                                  cluster=self.cluster, task_queue=self.task_queue,
                                  history_limit=self.history_limit)
 
@@ -232,12 +233,17 @@ class FakeFleet:
         self.denylist.update({i: req.reason for i in added})
         return c.DenylistResult(added=added)
 
+    @activity.defn(name=c.POLICY_CURRENT)
+    async def current_policy(self, req: c.PolicyRequest) -> c.PolicySnapshot:
+        """The controller's policy: whatever the test set on the fleet, read at each episode's start."""
+        return PolicyActivities(self.policy, "test").snapshot
+
     def activities(self) -> list:
         guard = GuardActivities(self.client)
         return [self.quarantine, self.return_to_service, self.attribute_pods, self.drain, self.reboot,
                 self.replace, self.kill, self.reset, self.validate, self.record, self.count_recent,
                 self.denylist_add, self.check_denied, self.event, self.count_fleet, guard.signal_guard,
-                guard.live_holders, self.check_node, self.kubelet_boot_id, self.gpu_pods]
+                guard.live_holders, self.check_node, self.kubelet_boot_id, self.gpu_pods, self.current_policy]
 
     @contextlib.asynccontextmanager
     async def workers(self):

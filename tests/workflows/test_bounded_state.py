@@ -40,7 +40,7 @@ async def test_oversized_reports_are_rejected_and_state_stays_small(ts_env, uniq
         base = n.report().model_dump(mode="json")
         with pytest.raises(ReportTooLarge):
             await send_report(fleet.client, {**base, "findings": [big_finding(i) for i in range(40)]}, node=n.name,
-                              policy=fleet.policy, cluster=fleet.cluster, task_queue=fleet.task_queue)
+                              cluster=fleet.cluster, task_queue=fleet.task_queue)
         # The worst a sender can do past the sender's check: reports just under the bounds, many
         # senders, and reports far over them (each about 1.6 MB, under Temporal's own limit).
         near = {**base, "findings": [big_finding(i) for i in range(29)]}

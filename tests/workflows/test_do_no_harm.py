@@ -112,7 +112,7 @@ async def test_report_from_a_person_denylists_nothing(ts_env, uniq):
     async with fleet.workers():
         from workers.reporting import send_report
         report = n.report().model_copy(update={"source": "manual"})
-        handle = await send_report(fleet.client, report, node=n.name, policy=fleet.policy, cluster=fleet.cluster,
+        handle = await send_report(fleet.client, report, node=n.name, cluster=fleet.cluster,
                                    task_queue=fleet.task_queue)
         result = await handle.result()
     assert result.outcome == "replaced" and fleet.denylist == {}

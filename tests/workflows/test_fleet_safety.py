@@ -94,7 +94,7 @@ async def test_third_episode_on_one_serial_goes_straight_to_replace(ts_env, uniq
 
 async def admit(fleet, node: FakeNode, policy):
     return await fleet.client.execute_workflow(
-        NodeAdmission.run, AdmissionInput(node=node.name, policy=policy, hardware_ids=[g.uuid for g in node.ids()] +
+        NodeAdmission.run, AdmissionInput(node=node.name, hardware_ids=[g.uuid for g in node.ids()] +
                                           sorted({g.serial for g in node.ids()})),
         id=admission_workflow_id(node.name), task_queue=fleet.task_queue)
 
