@@ -36,7 +36,10 @@ class TemporalOptions:
 
 def connect_config(opts: TemporalOptions) -> dict:
     """Client.connect keyword arguments: the environment's profile, then the explicit options."""
-    conf = dict(ClientConfigProfile.load().to_client_connect_config())
+    try:
+        conf = dict(ClientConfigProfile.load().to_client_connect_config())
+    except OSError as err:  # e.g. TEMPORAL_TLS_CLIENT_CERT_PATH naming a Secret that is not mounted
+        raise telemetry.FlagError(f"Temporal client configuration: cannot read {err.filename}: {err.strerror}") from None
     conf.setdefault("target_host", DEFAULT_ADDRESS)
     conf.setdefault("namespace", DEFAULT_NAMESPACE)
     if opts.address:
@@ -48,7 +51,12 @@ def connect_config(opts: TemporalOptions) -> dict:
     if opts.tls_ca or opts.tls_cert or opts.tls_key or opts.tls_server_name:
         if bool(opts.tls_cert) != bool(opts.tls_key):
             raise telemetry.FlagError("--tls-cert and --tls-key go together (mutual TLS)")
-        read = lambda p: Path(p).read_bytes() if p else None  # noqa: E731
+        def read(path: str | None) -> bytes | None:
+            try:
+                return Path(path).read_bytes() if path else None
+            except OSError as err:
+                raise telemetry.FlagError(f"TLS file {path}: {err.strerror}") from None
+
         conf["tls"] = TLSConfig(server_root_ca_cert=read(opts.tls_ca), client_cert=read(opts.tls_cert),
                                 client_private_key=read(opts.tls_key), domain=opts.tls_server_name)
     return conf

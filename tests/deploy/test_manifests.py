@@ -25,7 +25,7 @@ from workflows.node_remediation import SEARCH_ATTRIBUTES
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = {"Namespace": "V1Namespace", "ServiceAccount": "V1ServiceAccount", "ClusterRole": "V1ClusterRole",
           "ClusterRoleBinding": "V1ClusterRoleBinding", "ConfigMap": "V1ConfigMap", "Deployment": "V1Deployment",
-          "DaemonSet": "V1DaemonSet"}
+          "DaemonSet": "V1DaemonSet", "NetworkPolicy": "V1NetworkPolicy"}
 
 
 def manifests() -> list[dict]:
@@ -49,6 +49,80 @@ def test_manifest_is_a_valid_object_with_no_unknown_key(doc):
     model = api._ApiClient__deserialize(doc, MODELS[doc["kind"]])  # the client's own model classes
     # A misspelt key is dropped by the model: what comes back out must be what went in.
     assert _prune(api.sanitize_for_serialization(model)) == _prune(json.loads(json.dumps(doc)))
+
+
+def _workload(kind: str) -> tuple[dict, dict]:
+    """A workload's pod template and its container's environment (ConfigMap envFrom, then env)."""
+    docs = manifests()
+    configmaps = {d["metadata"]["name"]: d.get("data", {}) for d in docs if d["kind"] == "ConfigMap"}
+    tmpl = next(d for d in docs if d["kind"] == kind)["spec"]["template"]
+    ctr = tmpl["spec"]["containers"][0]
+    env = {}
+    for src in ctr.get("envFrom", []):
+        env.update(configmaps[src["configMapRef"]["name"]])
+    env.update({e["name"]: e.get("value") for e in ctr.get("env", [])})
+    return tmpl, env
+
+
+@pytest.mark.parametrize("kind", ["Deployment", "DaemonSet"])
+def test_temporal_is_reached_with_mutual_tls_from_a_secret_of_its_own(kind):
+    tmpl, env = _workload(kind)
+    ctr, volumes = tmpl["spec"]["containers"][0], {v["name"]: v for v in tmpl["spec"]["volumes"]}
+    mounts = {m["mountPath"]: volumes[m["name"]] for m in ctr["volumeMounts"]}
+    for key in ("TEMPORAL_TLS_CLIENT_CERT_PATH", "TEMPORAL_TLS_CLIENT_KEY_PATH", "TEMPORAL_TLS_SERVER_CA_CERT_PATH"):
+        path = Path(env[key])
+        assert str(path.parent) in mounts, f"{kind}: {key} {path} is on no mounted volume"
+        assert "secret" in mounts[str(path.parent)], f"{kind}: {key} must come from a Secret"
+    secret = mounts[str(Path(env["TEMPORAL_TLS_CLIENT_CERT_PATH"]).parent)]["secret"]["secretName"]
+    other = "DaemonSet" if kind == "Deployment" else "Deployment"
+    tmpl2, env2 = _workload(other)
+    vols2 = {v["name"]: v for v in tmpl2["spec"]["volumes"]}
+    secrets2 = {v["secret"]["secretName"] for v in vols2.values() if "secret" in v}
+    assert secret not in secrets2, "the controller and the agents hold different client certificates"
+
+
+def _selects(selector: dict, labels: dict) -> bool:
+    """A label selector as the API server evaluates it (matchLabels AND matchExpressions)."""
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for e in selector.get("matchExpressions", []):
+        has, value = e["key"] in labels, labels.get(e["key"])
+        ok = {"In": has and value in e.get("values", []), "NotIn": not has or value not in e.get("values", []),
+              "Exists": has, "DoesNotExist": not has}[e["operator"]]
+        if not ok:
+            return False
+    return True
+
+
+def _admitted(policy: dict, namespace: str, ns_labels: dict, pod_labels: dict, port: int) -> bool:
+    """Whether one NetworkPolicy's ingress rules admit a pod's connection (peers in a rule are ORed;
+    a namespaceSelector and podSelector in one peer are ANDed; no podSelector/namespaceSelector:
+    the policy's own namespace)."""
+    for rule in policy["spec"].get("ingress", []):
+        if rule.get("ports") and not any(p.get("port") == port for p in rule["ports"]):
+            continue
+        for peer in rule.get("from", [{}]):
+            if "namespaceSelector" in peer:
+                ns_ok = _selects(peer["namespaceSelector"], ns_labels)
+            else:
+                ns_ok = namespace == policy["metadata"]["namespace"]
+            if ns_ok and _selects(peer.get("podSelector", {}), pod_labels):
+                return True
+    return False
+
+
+def test_only_the_controller_and_agents_reach_the_temporal_frontend():
+    pol = next(d for d in manifests() if d["kind"] == "NetworkPolicy" and d["metadata"]["namespace"] == "temporal")
+    frontend = {"app.kubernetes.io/name": "temporal", "app.kubernetes.io/component": "frontend"}
+    assert _selects(pol["spec"]["podSelector"], frontend), "the policy selects the frontend pods"
+    gpuheal_ns = {"kubernetes.io/metadata.name": "gpuheal"}
+    for kind in ("Deployment", "DaemonSet"):
+        labels = _workload(kind)[0]["metadata"]["labels"]
+        assert _admitted(pol, "gpuheal", gpuheal_ns, labels, 7233), f"{kind} must reach the frontend"
+    tenant = {"app": "train", "app.kubernetes.io/name": "gpuheal-agent"}  # a tenant copying our labels
+    assert not _admitted(pol, "ml", {"kubernetes.io/metadata.name": "ml"}, tenant, 7233)
+    assert not _admitted(pol, "gpuheal", gpuheal_ns, {"app": "debug"}, 7233)
+    assert _admitted(pol, "temporal", {"kubernetes.io/metadata.name": "temporal"}, {"app.kubernetes.io/component": "history"}, 7233)
 
 
 def test_containers_run_commands_gpuheal_accepts():

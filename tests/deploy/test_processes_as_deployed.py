@@ -1,7 +1,9 @@
 """The controller and the agent started exactly as deploy/ starts them: the container args and env of
 the controller Deployment and the agent DaemonSet, the gpuheal-temporal ConfigMap's TEMPORAL_ADDRESS,
-the policy ConfigMap mounted at /etc/gpuheal. Only what points outside is redirected, each through the
-same variable or path: TEMPORAL_ADDRESS at the test's dev server, the in-cluster API at the fake API
+the policy ConfigMap mounted at /etc/gpuheal, the client certificates mounted from their Secrets. Only
+what points outside is redirected, each through the same variable or path: TEMPORAL_ADDRESS at a
+mutual-TLS frontend in front of the test's dev server (tests/mtls.py), the mounted certificates at
+ones its CA issued for each workload, the in-cluster API at the fake API
 server (KUBECONFIG, which the client reads when not in a pod), AWS at moto (AWS_ENDPOINT_URL), the
 mounted policy at a file with shorter timings, the metrics port at a free one.
 
@@ -22,12 +24,14 @@ import pytest
 import yaml
 
 from sim.fake_kube import FakeKubeServer
+from tests.mtls import MtlsProxy, Pki
 from tests.net import free_port
 from workflows.node_remediation import NodeRemediation, RemediationResult, remediation_workflow_id
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICY_MOUNT = "/etc/gpuheal/policy.yaml"
 KMSG_STATE = "/var/lib/gpuheal/kmsg-position"  # a hostPath on the node
+TLS_MOUNT = "/var/run/gpuheal/temporal-tls"  # each workload's client certificate Secret
 QUICK = {"ladder": {"reboot": {"return_timeout": "3s"}}, "validation": {"soak": "1s"},
          "drain": {"checkpoint_grace": "0s", "pod_grace_seconds": 0}, "probation": "2s"}
 
@@ -98,12 +102,24 @@ async def test_controller_and_agent_as_deployed_complete_a_remediation(dev_env, 
     policy_file = tmp_path / "policy.yaml"
     policy_file.write_text(yaml.safe_dump(policy_yaml))
 
-    def redirect(args: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    pki = Pki(tmp_path / "pki")
+    proxy = MtlsProxy(pki, address).start()
+
+    def redirect(args: list[str], env: dict[str, str], workload: str) -> tuple[list[str], dict[str, str]]:
         mounts = {POLICY_MOUNT: str(policy_file), KMSG_STATE: str(tmp_path / "kmsg-position")}
         args = [mounts.get(a, a) for a in args]
         args = [re.sub(r"(prometheus://[^:]+:)\d+", lambda m: f"{m.group(1)}{free_port()}", a) for a in args]
         assert "TEMPORAL_ADDRESS" in env, "the manifests point the processes at Temporal through TEMPORAL_ADDRESS"
         env = {**env, "TEMPORAL_ADDRESS": address}
+        if "TEMPORAL_TLS_CLIENT_CERT_PATH" in env:
+            # The workload's Secret, as the kubelet would mount it: ca.crt, tls.crt, tls.key.
+            secret = tmp_path / f"tls-{workload}"
+            secret.mkdir()
+            crt, key = pki.issue(workload)
+            for name, src in {"ca.crt": pki.ca, "tls.crt": crt, "tls.key": key}.items():
+                (secret / name).write_bytes(src.read_bytes())
+            env = {k: v.replace(TLS_MOUNT, str(secret)) if k.startswith("TEMPORAL_TLS_") else v for k, v in env.items()}
+            env["TEMPORAL_ADDRESS"] = proxy.address
         base = {k: v for k, v in os.environ.items() if not k.startswith("TEMPORAL_")}
         return args, {**base, **env, "KUBECONFIG": str(kubeconfig), "AWS_ENDPOINT_URL": moto_url,
                       "AWS_ACCESS_KEY_ID": "sim", "AWS_SECRET_ACCESS_KEY": "sim"}
@@ -113,8 +129,8 @@ async def test_controller_and_agent_as_deployed_complete_a_remediation(dev_env, 
     procs = []
     logs = {}
     try:
-        for name, (args, env) in {"controller": redirect(ctl_args, ctl_env),
-                                  "agent": redirect(expand(agent_args, agent_env), agent_env)}.items():
+        for name, (args, env) in {"controller": redirect(ctl_args, ctl_env, "gpuheal-controller"),
+                                  "agent": redirect(expand(agent_args, agent_env), agent_env, "gpuheal-agent")}.items():
             logs[name] = (tmp_path / f"{name}.log").open("w")
             procs.append(subprocess.Popen([sys.executable, "-m", "workers.cli", *args], cwd=ROOT, env=env,
                                           stdout=logs[name], stderr=subprocess.STDOUT))
@@ -151,11 +167,30 @@ async def test_controller_and_agent_as_deployed_complete_a_remediation(dev_env, 
         for f in logs.values():
             f.close()
         kube_server.stop()
+        proxy.stop()
     assert (result.outcome, result.fault_class, result.rungs) == ("replaced", "probe_broken", ["reset", "reboot", "replace"]), \
         (result, _tails(tmp_path))
     state = ec2.describe_instances(InstanceIds=[iid])["Reservations"][0]["Instances"][0]["State"]["Name"]
     assert state in ("shutting-down", "terminated")
     assert [p.returncode for p in procs] == [0, 0], ("both stopped cleanly on SIGTERM", _tails(tmp_path))
+    tls_clients = {"gpuheal-agent"} | ({"gpuheal-controller"} if controller_from == "deploy" else set())
+    assert set(proxy.clients) == tls_clients, "each deployed workload came through mutual TLS with its own certificate"
+
+
+async def test_temporal_without_a_client_certificate_is_refused(dev_env, tmp_path):
+    """The frontend the manifests assume: a client with the CA but no certificate of its own gets no
+    connection, and says so in one line."""
+    pki = Pki(tmp_path / "pki")
+    proxy = MtlsProxy(pki, dev_env.client.service_client.config.target_host).start()
+    try:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TEMPORAL_")}
+        env |= {"TEMPORAL_ADDRESS": proxy.address, "TEMPORAL_TLS_SERVER_CA_CERT_PATH": str(pki.ca)}
+        run = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "workers.cli", "status"], cwd=ROOT,
+                                      env=env, capture_output=True, text=True, timeout=60)
+    finally:
+        proxy.stop()
+    assert run.returncode != 0 and proxy.refused >= 1 and not proxy.clients
+    assert "Traceback" not in run.stderr and len(run.stderr.strip().splitlines()) == 1, run.stderr
 
 
 def _tails(tmp_path: Path) -> str:
