@@ -288,6 +288,9 @@ def _fail(reason: str) -> int:
     return 1
 
 
+COMMAND_DEADLINE_S = 120  # a backstop: each query and update has its own, shorter deadline
+
+
 def _operator(args, work) -> int:
     """Run one operator command: JSON or a human line; a one-line reason and non-zero on failure."""
     from workers.operator import OperatorError
@@ -300,7 +303,10 @@ def _operator(args, work) -> int:
             raise
         except Exception as err:  # noqa: BLE001 - one line, not a stack trace
             raise OperatorError(f"cannot reach Temporal at {_address(args)}: {err}") from None
-        return await work(client)
+        try:
+            return await asyncio.wait_for(work(client), COMMAND_DEADLINE_S)
+        except TimeoutError:
+            raise OperatorError(f"no answer from Temporal at {_address(args)} within {COMMAND_DEADLINE_S} s") from None
 
     try:
         doc = asyncio.run(go())

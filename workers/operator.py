@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 
-from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.api.enums.v1 import TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+from temporalio.client import Client, RPCTimeoutOrCancelledError, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities import contracts as c
@@ -17,6 +21,37 @@ from workflows.node_remediation import NodeRemediation, RemediationStatus, remed
 
 class OperatorError(Exception):
     """A one-line reason the command could not do what was asked."""
+
+
+# A query or update needs a worker to answer: with none polling, Temporal waits for one forever.
+ANSWER_DEADLINE = timedelta(seconds=10)
+
+
+async def ask(client: Client, handle: WorkflowHandle, call: Callable[[timedelta], Awaitable]):
+    """A query or update within ANSWER_DEADLINE; past it, a one-line reason naming what is missing."""
+    try:
+        return await call(ANSWER_DEADLINE)
+    except RPCTimeoutOrCancelledError:
+        pass
+    except RPCError as err:
+        if err.status not in (RPCStatusCode.CANCELLED, RPCStatusCode.DEADLINE_EXCEEDED):
+            raise
+    raise OperatorError(await _why_no_answer(client, handle))
+
+
+async def _why_no_answer(client: Client, handle: WorkflowHandle) -> str:
+    queue = (await handle.describe()).task_queue
+    resp = await client.workflow_service.describe_task_queue(DescribeTaskQueueRequest(
+        namespace=client.namespace, task_queue=TaskQueue(name=queue),
+        task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW))
+    if not resp.pollers:
+        return (f"no controller polls task queue {queue!r}, so {handle.id} cannot answer: "
+                f"start `gpuheal controller --task-queue {queue}`")
+    return f"{handle.id} did not answer within {ANSWER_DEADLINE.total_seconds():.0f} s ({len(resp.pollers)} pollers on {queue!r})"
+
+
+async def query_status(client: Client, handle: WorkflowHandle, query=None):
+    return await ask(client, handle, lambda t: handle.query(query or NodeRemediation.status, rpc_timeout=t))
 
 
 async def _running(client: Client, node: str):
@@ -32,13 +67,13 @@ async def _running(client: Client, node: str):
 
 async def node_status(client: Client, node: str) -> RemediationStatus:
     handle, _ = await _running(client, node)
-    return await handle.query(NodeRemediation.status)
+    return await query_status(client, handle)
 
 
 async def fleet_status(client: Client) -> list[dict]:
     out = []
     async for w in client.list_workflows('WorkflowType = "NodeRemediation" AND ExecutionStatus = "Running"'):
-        st = await client.get_workflow_handle(w.id, run_id=w.run_id).query(NodeRemediation.status)
+        st = await query_status(client, client.get_workflow_handle(w.id, run_id=w.run_id))
         out.append({"node": st.node, "stage": st.stage.value, "next_rung": st.next_rung.value if st.next_rung else None,
                     "fault_class": st.triage.fault_class if st.triage else None, "paused": st.paused,
                     "awaiting_approval": st.awaiting_approval.value if st.awaiting_approval else None})
@@ -49,7 +84,7 @@ async def history(client: Client, node: str) -> list[dict]:
     """Every episode of a node, oldest first, each step with its time and result."""
     episodes = []
     async for w in client.list_workflows(f'WorkflowId = "{remediation_workflow_id(node)}"'):
-        st = await client.get_workflow_handle(w.id, run_id=w.run_id).query(NodeRemediation.status)
+        st = await query_status(client, client.get_workflow_handle(w.id, run_id=w.run_id))
         episodes.append({"run_id": w.run_id, "started": w.start_time.isoformat(), "status": w.status.name,
                          "outcome": st.outcome.value if st.outcome else None, "reason": st.outcome_reason,
                          "rungs": [r.value for r in st.rungs_tried],
@@ -65,13 +100,15 @@ async def update_episode(client: Client, node: str, update: str, *args) -> Remed
     if not running:
         raise OperatorError(f"node {node!r} has no open remediation episode")
     # Who asked goes last: the episode records it in its history and in `status`.
-    return await handle.execute_update(update, args=[*args, client.identity], result_type=RemediationStatus)
+    return await ask(client, handle, lambda t: handle.execute_update(
+        update, args=[*args, client.identity], result_type=RemediationStatus, rpc_timeout=t))
 
 
 async def guard_update(client: Client, cluster: str, update: str, *args):
     handle = client.get_workflow_handle(guard_workflow_id(cluster))
     try:
-        return await handle.execute_update(getattr(FleetGuard, update), *args)
+        return await ask(client, handle, lambda t: handle.execute_update(getattr(FleetGuard, update), args=list(args),
+                                                                         rpc_timeout=t))
     except RPCError as err:
         if err.status == RPCStatusCode.NOT_FOUND:
             raise OperatorError(f"no fleet guard runs for cluster {cluster!r}") from None
@@ -83,8 +120,10 @@ async def manual_report(client: Client, node: str, xid: int, gpu: int, cluster: 
     """A person's report: its own sequence, on the node's current boot so the agent's stay valid."""
     boot = "manual"
     try:
-        boot = (await node_status(client, node)).boot_id or boot
-    except OperatorError:
+        handle, running = await _running(client, node)
+        if running:  # a closed episode (ended, or terminated by hand) has no boot to keep in step with
+            boot = (await query_status(client, handle)).boot_id or boot
+    except (OperatorError, RPCError):
         pass
     report = HealthReport(node=node, boot_id=boot, seq=time.time_ns() // 1000, source="manual",
                           detected_at=datetime.now(UTC),

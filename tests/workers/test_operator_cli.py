@@ -56,3 +56,40 @@ async def test_status_approve_history_report_pause(dev_env, uniq, tmp_path):
         await fleet.stop_guard()
     missing = await cli(address, "history", f"ghost-{uniq}")
     assert missing.returncode == 1 and "no remediation has ever run" in missing.stderr
+
+
+async def test_status_of_an_episode_nobody_serves_ends_naming_the_queue(dev_env, uniq):
+    """A query with no worker polling would wait forever: the CLI says why, within seconds."""
+    from workflows.node_remediation import RemediationInput, remediation_workflow_id
+
+    node, queue = f"orphan-{uniq}", f"nobody-{uniq}"
+    handle = await dev_env.client.start_workflow(NodeRemediation.run, RemediationInput(node=node),
+                                                 id=remediation_workflow_id(node), task_queue=queue)
+    address = dev_env.client.service_client.config.target_host
+    try:
+        t0 = asyncio.get_running_loop().time()
+        st = await cli(address, "status", node)
+        took = asyncio.get_running_loop().time() - t0
+    finally:
+        await handle.terminate()
+    assert st.returncode == 1 and f"no controller polls task queue {queue!r}" in st.stderr, st.stderr
+    assert took < 40, took
+
+
+async def test_report_after_an_episode_was_terminated_by_hand_starts_a_new_one(dev_env, uniq):
+    policy = default_policy().scaled(0.001)
+    fleet = FakeFleet(client=dev_env.client, task_queue=f"tq-{uniq}", policy=policy, cluster="default")
+    n = fleet.add(FakeNode(f"term-{uniq}", [xid(48)], cured_by="reset"))
+    policy.ladder.reset.requires_approval = True  # park the first episode
+    address = dev_env.client.service_client.config.target_host
+    async with fleet.workers():
+        first = await fleet.report(n.name)
+        await first.terminate(reason="from the Temporal UI")
+        policy.ladder.reset.requires_approval = False
+        rep = await cli(address, "report", n.name, "--xid", "48", "--gpu", "3", "--task-queue", fleet.task_queue)
+        assert rep.returncode == 0, rep.stderr
+        second = dev_env.client.get_workflow_handle(f"remediate/{n.name}", result_type=RemediationResult)
+        result = await second.result()
+        await fleet.stop_guard()
+    assert (await second.describe()).run_id != first.result_run_id
+    assert result.outcome == "returned"
