@@ -18,6 +18,7 @@ KUBE_DRAIN = "kube.drain"
 KUBE_EVENT = "kube.event"
 KUBE_FLEET_SIZE = "kube.fleet_size"
 KUBE_CHECK_NODE = "kube.check_node"
+KUBE_QUARANTINED_NODES = "kube.quarantined_nodes"
 CLOUD_REBOOT = "cloud.reboot"
 CLOUD_REPLACE = "cloud.replace"
 CLOUD_BOOT_ID = "cloud.boot_id"
@@ -31,6 +32,7 @@ LEDGER_DENYLIST = "ledger.denylist"
 LEDGER_CHECK_DENIED = "ledger.check_denied"
 GUARD_SIGNAL = "guard.signal"
 GUARD_LIVE_HOLDERS = "guard.live_holders"
+GUARD_RUNNING_EPISODES = "guard.running_episodes"
 POLICY_CURRENT = "policy.current"
 
 DEFAULT_TASK_QUEUE = "gpuheal"  # the controller's queue: workflows and cluster-side activities
@@ -265,6 +267,25 @@ class LiveHoldersRequest(BaseModel):
 
 class LiveHoldersResult(BaseModel):
     running: list[str]
+
+
+class RunningEpisodesRequest(BaseModel):
+    cluster: str
+
+
+class EpisodeSeen(BaseModel):
+    """What a running episode's status says of its place in the guard's books."""
+
+    holder: str
+    node: str
+    lease_held: bool = False
+    lease_requested: bool = False
+    quarantined: bool = False
+
+
+class RunningEpisodesResult(BaseModel):
+    known: bool = Field(description="False: this server cannot list workflows (no visibility): nothing learnt.")
+    episodes: list[EpisodeSeen] = Field(default_factory=list)
 
 
 # --- policy -------------------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from temporalio import activity
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.common import WorkflowIDConflictPolicy
@@ -11,6 +13,7 @@ from activities import contracts as c
 
 # Activities never import workflows: the guard is named by its registered name and id scheme.
 GUARD_WORKFLOW = "FleetGuard"
+EPISODE_WORKFLOW = "NodeRemediation"
 
 
 class GuardActivities:
@@ -45,3 +48,25 @@ class GuardActivities:
             if desc.status == WorkflowExecutionStatus.RUNNING:
                 running.append(holder)
         return c.LiveHoldersResult(running=running)
+
+    @activity.defn(name=c.GUARD_RUNNING_EPISODES)
+    async def running_episodes(self, req: c.RunningEpisodesRequest) -> c.RunningEpisodesResult:
+        """Running NodeRemediation episodes of one cluster, from visibility and each one's status."""
+        seen = []
+        try:
+            async for w in self.client.list_workflows(f'WorkflowType = "{EPISODE_WORKFLOW}" AND ExecutionStatus = "Running"'):
+                try:
+                    st = await self.client.get_workflow_handle(w.id, run_id=w.run_id).query(
+                        "status", rpc_timeout=timedelta(seconds=10))
+                except RPCError:
+                    continue  # it cannot answer now; its re-sent lease request heals the books
+                if st.get("cluster", "default") != req.cluster:
+                    continue
+                seen.append(c.EpisodeSeen(holder=w.id, node=st["node"], lease_held=bool(st.get("lease_held")),
+                                          lease_requested=bool(st.get("lease_requested")),
+                                          quarantined=bool(st.get("quarantined"))))
+        except RPCError as err:
+            if err.status == RPCStatusCode.UNIMPLEMENTED:  # the time-skipping test server has no visibility
+                return c.RunningEpisodesResult(known=False)
+            raise
+        return c.RunningEpisodesResult(known=True, episodes=seen)

@@ -251,6 +251,14 @@ class KubeActivities:
         nodes = await self._call("list", "nodes", self.core.list_node, label_selector=self.gpu_node_selector)
         return len(nodes.items)
 
+    @activity.defn(name=c.KUBE_QUARANTINED_NODES)
+    async def quarantined_nodes(self) -> list[str]:
+        """GPU nodes carrying gpuheal's quarantine taint now: what the guard counts as unhealthy
+        beyond its running episodes (a node a person uncordoned and untainted is not)."""
+        nodes = await self._call("list", "nodes", self.core.list_node, label_selector=self.gpu_node_selector)
+        return sorted(n.metadata.name for n in nodes.items
+                      if any(t.key == c.QUARANTINE_TAINT for t in (n.spec.taints or [])))
+
     # --- pods ----------------------------------------------------------------------------------
     async def _pods_on(self, node: str) -> list[client.V1Pod]:
         pods = await self._call("list", "pods", self.core.list_pod_for_all_namespaces,

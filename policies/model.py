@@ -151,7 +151,20 @@ class GuardPolicy(_Strict):
         default=timedelta(minutes=15), description="The breaker closes once the fault rate stays below threshold this long."
     )
     holder_check_interval: Duration = Field(
-        default=timedelta(minutes=5), description="How often lease holders are checked to still exist."
+        default=timedelta(minutes=5),
+        description="How often lease holders, waiters and quarantined nodes are reconciled with running episodes and the nodes' taints.",
+    )
+    canary: bool = Field(
+        default=True,
+        description="Past max_unhealthy or with the storm breaker open, leases trickle one at a time (canaries) instead of stopping; each canary validated back doubles the trickle up to max_disruptive, a failed one keeps it at one and raises the alarm.",
+    )
+    defer_quarantine: bool = Field(
+        default=True,
+        description="A new fault that would put more than max_unhealthy nodes in quarantine waits uncordoned, recorded with the reason, until there is room: a detector bug must not cordon the whole fleet.",
+    )
+    admission_timeout: Duration = Field(
+        default=timedelta(seconds=30),
+        description="How long an episode waits for the guard's answer before it cordons anyway (the guard cannot answer).",
     )
 
     @field_validator("max_disruptive", "max_unhealthy")
@@ -287,7 +300,7 @@ class Policy(_Strict):
 
 
 ACTIVITY_TIMEOUT_FLOOR = timedelta(seconds=10)
-_ACTIVITY_TIMEOUTS = {"action_timeout", "agent_timeout", "timeout", "heartbeat_timeout"}
+_ACTIVITY_TIMEOUTS = {"action_timeout", "agent_timeout", "timeout", "heartbeat_timeout", "admission_timeout"}
 _SECONDS = {"pod_grace_seconds"}  # durations kept as whole seconds (the Kubernetes API's unit)
 
 

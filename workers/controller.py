@@ -51,9 +51,10 @@ def controller_activities(kube: KubeActivities, cloud: CloudActivities, ledger: 
                           guard: GuardActivities, policy: PolicyActivities) -> list:
     """Every cluster-side activity, in one list: the controller, the simulator and the tests register it."""
     return [kube.quarantine, kube.return_to_service, kube.attribute_pods, kube.drain, kube.event, kube.fleet_size,
-            kube.check_node,
+            kube.check_node, kube.quarantined_nodes,
             cloud.reboot, cloud.replace, cloud.boot_id, ledger.record, ledger.count_recent, ledger.denylist,
-            ledger.check_denied, guard.signal_guard, guard.live_holders, policy.current]
+            ledger.check_denied, guard.signal_guard, guard.live_holders,
+            guard.running_episodes, policy.current]
 
 
 def build_worker(client: Client, cfg: ControllerConfig) -> Worker:

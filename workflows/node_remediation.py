@@ -19,14 +19,16 @@ with workflow.unsafe.imports_passed_through():
     from policies.findings import HealthReport
     from policies.model import Rung
     from workflows.controller_policy import controller_policy_applies, ignored_fields, take_controller_policy
-    from workflows.fleet_guard import (
+    from workflows.guard_types import (
         GUARD_SIGNAL_FAULT,
         GUARD_SIGNAL_RELEASE,
         GUARD_SIGNAL_REQUEST,
         HOLDER_SIGNAL_GRANTED,
+        HOLDER_SIGNAL_QUARANTINE,
         FaultNotice,
         LeaseGrant,
         LeaseRelease,
+        QuarantineAnswer,
         guard_workflow_id,
     )
     from workflows.remediation_types import (  # noqa: F401 - re-exported: callers import them from here
@@ -37,6 +39,7 @@ with workflow.unsafe.imports_passed_through():
         MAX_SEQ_SENDERS_KEPT,
         PATCH_BOUNDED_STATE,
         PATCH_DO_NO_HARM,
+        PATCH_GUARD_ADMISSION,
         PATCH_LOCAL_CLUSTER_CALLS,
         SA_ATTRIBUTION,
         SA_FAULT,
@@ -104,6 +107,12 @@ class NodeRemediation:
     @workflow.signal(name=HOLDER_SIGNAL_GRANTED)
     def lease_granted(self, grant: LeaseGrant) -> None:
         self.s.lease_held = True
+
+    @workflow.signal(name=HOLDER_SIGNAL_QUARANTINE)
+    def quarantine_answer(self, answer: QuarantineAnswer) -> None:
+        if self.s.admission != "admitted":
+            self.s.admission = "admitted" if answer.admitted else "deferred"
+            self.s.admission_reason = answer.reason
 
     # Updates take who asked as their last argument (the CLI sends its client identity): an update
     # handler cannot see the caller, and the record in the history and in `status` names them.
@@ -174,7 +183,26 @@ class NodeRemediation:
             rejected=s.rejected, rejected_total=s.rejected_total, duplicates=s.duplicates,
             validations=s.validations, boot_id=s.boot_id, run_ids=s.run_ids, agent_missing=s.agent_missing,
             implicated=s.implicated, policy_name=s.policy_name, policy_sha256=s.policy_sha256,
+            cluster=self.inp.cluster, lease_requested=s.lease_requested, admission=s.admission,
+            waiting=self._waiting_for(),
         )
+
+    def _waiting_for(self) -> str:
+        """What the episode waits on now, in words (`gpuheal status NODE`)."""
+        s = self.s
+        if s.stage is Stage.DONE:
+            return ""
+        if s.paused:
+            return f"resume: paused ({s.pause_reason})"
+        if s.admission == "deferred":
+            return f"room to quarantine: {s.admission_reason}"
+        if s.awaiting_approval is not None:
+            return f"approval to {s.awaiting_approval.value} (gpuheal approve {self.node})"
+        if s.lease_requested and not s.lease_held:
+            return "a disruption lease from the fleet guard"
+        if s.stage is Stage.PROBATION:
+            return f"the end of probation ({self.policy.probation if self.policy else ''})"
+        return ""
 
     # --- the runbook ---------------------------------------------------------------------------
     @workflow.run
@@ -206,7 +234,7 @@ class NodeRemediation:
             return
         # Every patch is decided before the first local activity of a run: on replay, a patch
         # marker after a local activity's marker in one workflow task is a nondeterminism error.
-        self._bounded(), self._no_harm(), self._local_cluster_calls()
+        self._bounded(), self._no_harm(), self._local_cluster_calls(), self._guard_admission()
         if workflow.info().continued_run_id and self.s.policy_sha256:
             return
         snap = await take_controller_policy(self.node)
@@ -239,7 +267,7 @@ class NodeRemediation:
         if t.attribution == "platform":
             # Cordon first: it is safe, needs no budget, and every second counts for the jobs.
             await self._quarantine()
-            if not self._cordon_holds():
+            if self._quarantine_withheld() or not self._cordon_holds():
                 return
             if await self._is_repeat_offender():
                 self.s.next_rung = Rung.REPLACE
@@ -251,7 +279,7 @@ class NodeRemediation:
         self.s.skip_to = None
         if rung.disruptive:
             await self._quarantine()
-            if not self._cordon_holds():
+            if self._quarantine_withheld() or not self._cordon_holds():
                 return
             approved = await self._approved(rung)
             if self._no_harm() and self._steered():
@@ -297,11 +325,11 @@ class NodeRemediation:
                                 f"uncordon {self.node}: validated twice after {self.s.fixed_by.value}")
         if done is None and self._no_harm():
             # `returned` means the API server shows the node schedulable: it does not, so a person looks.
-            await self._release_lease()
+            await self._release_lease("quarantined")
             return self._finish(Outcome.QUARANTINED, f"validated after {self.s.fixed_by.value}, but the uncordon "
                                 f"failed ({self.s.actions[-1].detail}): the node stays cordoned for a person")
         self.s.quarantined = self.s.drained = False
-        await self._release_lease()
+        await self._release_lease("validated")
         await self._tell_guard(healthy=True)
         self._set_stage(Stage.PROBATION)
 
@@ -332,6 +360,8 @@ class NodeRemediation:
     async def _quarantine(self) -> None:
         if self.s.quarantined:
             return
+        if self._guard_admission() and not self.policy.dry_run and not await self._admitted_to_quarantine():
+            return
         t = self.s.triage
         result = await self._kube(
             c.KUBE_QUARANTINE,
@@ -346,7 +376,47 @@ class NodeRemediation:
         if result is not None and detected is not None and self.s.detect_to_cordon_ms is None:
             self.s.detect_to_cordon_ms = max(0, int((result.cordoned_at - detected).total_seconds() * 1000))
             metrics.node_cordoned(self.inp.cluster, t.fault_class or "unknown", self.s.detect_to_cordon_ms)
-        await self._tell_guard(healthy=False)
+        if not (self._guard_admission() and self.s.admission == "admitted"):
+            await self._tell_guard(healthy=False)
+
+    async def _admitted_to_quarantine(self) -> bool:
+        """The guard admits a cordon while at most max_unhealthy nodes are quarantined; past that
+        the fault waits uncordoned, recorded with the reason, until there is room, the fault clears
+        or an operator cancels. A guard that does not answer in time does not stop the cordon."""
+        if self.s.admission == "admitted":
+            return True
+        t, timeout = self.s.triage, self.policy.guard.admission_timeout
+        if not self.s.admission:
+            await self._signal_guard(GUARD_SIGNAL_FAULT, FaultNotice(
+                node=self.node, holder=workflow.info().workflow_id, fault_class=t.fault_class if t else None,
+                admission=True), started=self.s.guard_notified)
+            self.s.admission, self.s.guard_notified = "asked", True
+        done = lambda: self.s.admission == "admitted" or self._fault_cleared() or self.s.cancel_reason is not None  # noqa: E731
+        try:
+            await workflow.wait_condition(lambda: done() or self.s.admission == "deferred", timeout=timeout,
+                                          timeout_summary=f"the fleet guard's answer for {self.node}")
+        except TimeoutError:
+            self._record("quarantine", f"no answer from the fleet guard for {self.node}", False,
+                         f"none within {timeout}: cordoning anyway (a bad node is not left in service)")
+            self.s.admission = "admitted"
+            return True
+        if self.s.admission == "deferred" and not done():
+            self._record("quarantine", f"quarantine of {self.node} deferred by the fleet guard", False,
+                         self.s.admission_reason)
+            self._set_details(f"room to quarantine: {self.s.admission_reason}")
+            await workflow.wait_condition(done)
+            if self.s.admission == "admitted":
+                self._record("quarantine", f"quarantine of {self.node} admitted by the fleet guard", True)
+        if self.s.admission != "admitted" and self._fault_cleared():
+            self._finish(Outcome.HEALTHY, "the fault cleared while its quarantine was deferred; nothing done")
+        return self.s.admission == "admitted"
+
+    def _quarantine_withheld(self) -> bool:
+        """The guard held the cordon back and the episode ended (fault cleared) or was cancelled."""
+        return self.s.stage is Stage.DONE or (self.s.cancel_reason is not None and not self.s.quarantined)
+
+    def _fault_cleared(self) -> bool:
+        return self.s.latest is not None and self.s.latest.healthy
 
     async def _approved(self, rung: Rung) -> bool:
         rp = self.policy.ladder.for_rung(rung)
@@ -380,6 +450,16 @@ class NodeRemediation:
                 started=self.s.guard_notified)
             self.s.lease_requested = True
         self._set_details("waiting for a disruption lease from the fleet guard")
+        while self._guard_admission():
+            # The request is sent again now and then: a guard started afresh learns its waiters back.
+            try:
+                await workflow.wait_condition(lambda: self.s.lease_held or self._steered(),
+                                              timeout=self.policy.guard.holder_check_interval,
+                                              timeout_summary=f"{self.node}'s lease request, re-sent")
+                break
+            except TimeoutError:
+                await self._signal_guard(GUARD_SIGNAL_REQUEST, c.LeaseRequest(
+                    cluster=self.inp.cluster, holder=workflow.info().workflow_id, node=self.node), started=True)
         await workflow.wait_condition(
             lambda: self.s.lease_held or self._steered())
         if self.s.lease_held:
@@ -579,8 +659,16 @@ class NodeRemediation:
         self.s.implicated = sorted({*self.s.implicated, *report.implicated_ids(acted)})
 
     async def _close_episode(self) -> None:
-        await self._release_lease()
-        if self.s.outcome is Outcome.REPLACED:
+        if self._guard_admission():
+            # Every ending tells the guard (lease, canary, unhealthy count) once it was involved.
+            s = self.s
+            if s.guard_notified or s.lease_held or s.lease_requested or s.admission:
+                await self._signal_guard(GUARD_SIGNAL_RELEASE, LeaseRelease(
+                    holder=workflow.info().workflow_id, node=self.node, outcome=s.outcome.value))
+                s.lease_held = s.lease_requested = False
+        else:
+            await self._release_lease()
+        if self.s.outcome is Outcome.REPLACED and not self._guard_admission():
             # The node leaves the fleet: it no longer counts as unhealthy. Other endings keep it cordoned.
             await self._tell_guard(healthy=True)
         if self.s.triage is not None and self.s.triage.actionable and self.s.outcome is not Outcome.REJECTED:
@@ -618,10 +706,11 @@ class NodeRemediation:
             started=self.s.guard_notified)
         self.s.guard_notified = not healthy
 
-    async def _release_lease(self) -> None:
+    async def _release_lease(self, outcome: str | None = None) -> None:
         if not (self.s.lease_held or self.s.lease_requested):
             return
-        release = LeaseRelease(holder=workflow.info().workflow_id)
+        release = LeaseRelease(holder=workflow.info().workflow_id, node=self.node,
+                               outcome=outcome if self._guard_admission() else None)
         if self._local_cluster_calls():
             await self._signal_guard(GUARD_SIGNAL_RELEASE, release)
         else:
@@ -667,6 +756,10 @@ class NodeRemediation:
     def _bounded(self) -> bool:
         """Bounded reports and state (see PATCH_BOUNDED_STATE)."""
         return workflow.patched(PATCH_BOUNDED_STATE)
+
+    def _guard_admission(self) -> bool:
+        """Quarantine admitted by the guard, endings told to it, lease requests re-sent (PATCH_GUARD_ADMISSION)."""
+        return workflow.patched(PATCH_GUARD_ADMISSION)
 
     def _no_harm(self) -> bool:
         """The do-no-harm rules (see PATCH_DO_NO_HARM); histories from before replay without them."""

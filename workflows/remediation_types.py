@@ -33,6 +33,9 @@ PATCH_LOCAL_CLUSTER_CALLS = "local-cluster-calls"
 PATCH_DO_NO_HARM = "do-no-harm"
 # Reports over their bounds are rejected, and the episode's lists keep their newest entries only.
 PATCH_BOUNDED_STATE = "bounded-state"
+# The guard admits quarantine (at most max_unhealthy cordoned), hears every ending, and lease
+# requests are re-sent while waiting (issue: never wedged).
+PATCH_GUARD_ADMISSION = "guard-admission"
 MAX_ACTIONS_KEPT = 200
 MAX_SEQ_SENDERS_KEPT = 32
 MAX_RUN_IDS_KEPT = 50
@@ -120,6 +123,8 @@ class RemediationState(BaseModel):
     run_ids: list[str] = Field(default_factory=list)
     policy_name: str = Field(default="", description="The controller's policy this episode acts on ('' before controller-policy).")
     policy_sha256: str = ""
+    admission: str = Field(default="", description="'', asked, admitted or deferred: the guard's answer on quarantine.")
+    admission_reason: str = ""
 
 
 class RemediationInput(BaseModel):
@@ -166,6 +171,10 @@ class RemediationStatus(BaseModel):
     implicated: list[str] = Field(default_factory=list)
     policy_name: str = ""
     policy_sha256: str = ""
+    cluster: str = "default"
+    lease_requested: bool = False
+    admission: str = ""
+    waiting: str = Field(default="", description="What the episode waits on now, in words.")
 
 
 class RemediationResult(BaseModel):

@@ -165,6 +165,10 @@ class FakeFleet:
     async def count_fleet(self) -> int:
         return self.fleet_size if self.fleet_size is not None else len(self.nodes)
 
+    @activity.defn(name=c.KUBE_QUARANTINED_NODES)
+    async def quarantined_nodes(self) -> list[str]:
+        return sorted(n.name for n in self.nodes.values() if n.cordoned)
+
     # --- cloud ---------------------------------------------------------------------------------
     @activity.defn(name=c.CLOUD_REBOOT)
     async def reboot(self, req: c.RebootRequest) -> c.RebootResult:
@@ -243,7 +247,7 @@ class FakeFleet:
         return [self.quarantine, self.return_to_service, self.attribute_pods, self.drain, self.reboot,
                 self.replace, self.kill, self.reset, self.validate, self.record, self.count_recent,
                 self.denylist_add, self.check_denied, self.event, self.count_fleet, guard.signal_guard,
-                guard.live_holders, self.check_node, self.kubelet_boot_id, self.gpu_pods, self.current_policy]
+                guard.live_holders, guard.running_episodes, self.quarantined_nodes, self.check_node, self.kubelet_boot_id, self.gpu_pods, self.current_policy]
 
     @contextlib.asynccontextmanager
     async def workers(self):

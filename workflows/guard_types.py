@@ -1,0 +1,142 @@
+"""FleetGuard's wire and state models, signal names and ids (kept out of the workflow module, as
+remediation_types.py is, so the sandbox passes them through)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, Field
+
+from activities import contracts as c
+from policies.model import GuardPolicy
+
+GUARD_SIGNAL_FAULT = "fault"
+GUARD_SIGNAL_REQUEST = "request"
+GUARD_SIGNAL_RELEASE = "release"
+HOLDER_SIGNAL_GRANTED = "lease_granted"
+HOLDER_SIGNAL_QUARANTINE = "quarantine_answer"
+# workflow.patched id: canary trickle, quarantine admission, reconciliation, policy updates.
+PATCH_GUARD_NEVER_WEDGED = "guard-never-wedged"
+MAX_DEFERRED_KEPT = 1000
+# Outcomes an episode reports when it ends or gives its lease back: these prove a canary.
+CANARY_PROVEN = frozenset({"validated", "returned", "replaced"})
+CANARY_FAILED = frozenset({"quarantined", "failed", "awaiting_approval"})
+# Endings after which the node is not quarantined by gpuheal any more.
+LEFT_QUARANTINE = frozenset({"validated", "returned", "replaced", "healthy", "rejected", "dry_run"})
+
+
+def guard_workflow_id(cluster: str) -> str:
+    return f"fleet-guard/{cluster}"
+
+
+class FaultNotice(BaseModel):
+    """A node entered quarantine (counts toward the storm breaker and the unhealthy limit), or asks
+    to (`admission`): the guard answers on HOLDER_SIGNAL_QUARANTINE, at once or once there is room."""
+
+    node: str
+    holder: str
+    fault_class: str | None = None
+    healthy: bool = Field(default=False, description="True: the node left quarantine (returned or replaced).")
+    admission: bool = Field(default=False, description="Asks before cordoning: admitted, or deferred with a reason.")
+
+
+class QuarantineAnswer(BaseModel):
+    admitted: bool
+    reason: str = ""
+
+
+class LeaseRelease(BaseModel):
+    holder: str
+    node: str = ""
+    outcome: str | None = Field(default=None, description="How the episode ended, or 'validated' at return to service.")
+
+
+class LeaseGrant(BaseModel):
+    holder: str
+    granted_at: datetime
+
+
+class Lease(BaseModel):
+    holder: str
+    node: str
+    since: datetime
+    canary: bool = False
+
+
+class Waiting(BaseModel):
+    holder: str
+    node: str
+    since: datetime
+    reason: str = ""
+
+
+class GateRelease(BaseModel):
+    """An operator lifts the guard's gates: for `leases` grants, or until `until`."""
+
+    leases: int = Field(default=0, ge=0)
+    until: datetime | None = None
+    by: str = ""
+
+
+class GuardState(BaseModel):
+    holders: list[Lease] = Field(default_factory=list)
+    waiters: list[c.LeaseRequest] = Field(default_factory=list, description="First come, first served.")
+    waiting_since: dict[str, datetime] = Field(default_factory=dict, description="holder -> when it asked")
+    unhealthy: dict[str, str] = Field(default_factory=dict, description="node -> holder workflow id")
+    deferred: list[Waiting] = Field(default_factory=list, description="Faults waiting uncordoned for room under max_unhealthy.")
+    admissions: list[FaultNotice] = Field(default_factory=list, description="Quarantine requests not yet answered.")
+    fault_times: list[datetime] = Field(default_factory=list, description="New faults within the storm window.")
+    breaker_open: bool = False
+    breaker_reason: str = ""
+    breaker_opened_at: datetime | None = None
+    calm_since: datetime | None = None
+    paused: bool = False
+    pause_reason: str = ""
+    max_seen_holders: int = 0
+    grants: int = 0
+    fleet_size: int = 0
+    last_holder_check: datetime | None = None
+    last_fleet_count: datetime | None = None
+    trips: int = Field(default=0, description="How often the storm breaker has opened.")
+    pending_storm_event: str | None = None
+    canary_budget: int = Field(default=0, description="0: normal budget; else leases allowed while recovering.")
+    canary_history: list[str] = Field(default_factory=list, description="'proven'/'failed' per canary, newest last (32).")
+    alarm: str = Field(default="", description="Why the last canary failed; cleared when one is proven.")
+    pending_alarm_event: str | None = None
+    forced: GateRelease | None = None
+    policy_changes: list[str] = Field(default_factory=list, description="Who changed the guard's policy, and when (10).")
+    relearned: bool = False
+
+
+class GuardInput(BaseModel):
+    cluster: str
+    policy: GuardPolicy = Field(default_factory=GuardPolicy)
+    fleet_size: int = Field(default=0, ge=0, description="Known fleet size; 0 until the first kube count.")
+    state: GuardState | None = None
+
+
+class GuardStatus(BaseModel):
+    cluster: str
+    limit: int
+    holders: list[Lease]
+    waiters: list[str]
+    unhealthy: list[str]
+    breaker_open: bool
+    breaker_reason: str
+    paused: bool
+    pause_reason: str
+    recent_faults: int
+    max_seen_holders: int
+    fleet_size: int
+    trips: int
+    budget: int = Field(default=0, description="Leases allowed now: the limit, the canary trickle, or 0 when paused.")
+    max_unhealthy: int = 0
+    gate: str | None = Field(default=None, description="Why new leases are held back (or trickle), if they are.")
+    canary_budget: int = 0
+    canary_history: list[str] = Field(default_factory=list)
+    alarm: str = ""
+    waiting: list[Waiting] = Field(default_factory=list)
+    deferred: list[Waiting] = Field(default_factory=list)
+    forced: GateRelease | None = None
+    policy: GuardPolicy | None = None
+    policy_changes: list[str] = Field(default_factory=list)
