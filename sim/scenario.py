@@ -61,6 +61,8 @@ class Scenario(_Strict):
     time_scale: float = Field(default=1.0, gt=0, le=1.0)
     policy: str = "default"
     budget: int | None = Field(default=None, ge=1)
+    deadline: Duration | None = Field(
+        default=None, description="Scenario time after which simulate stops and prints what still waits (default: 600 s of wall clock).")
     fleet: Fleet = Field(default_factory=Fleet)
     faults: list[Fault] = Field(default_factory=list)
 

@@ -208,7 +208,7 @@ def cmd_simulate(args) -> int:
         _print_json(doc)
     else:
         print(outcome_table(doc))
-    return 0
+    return 1 if doc.get("deadline_passed") else 0
 
 
 def outcome_table(doc: dict) -> str:
@@ -224,6 +224,10 @@ def outcome_table(doc: dict) -> str:
                  f"{f['evictions_breaking_budget']} breaking a budget")
     for node, n in sorted((f.get("evictions_refused_by_pdb") or {}).items()):
         lines.append(f"       {node}'s drain was slowed by a PodDisruptionBudget: {n} evictions refused (429), retried")
+    waiting = [r for r in doc["nodes"] if r["outcome"] == "waiting"]
+    if doc.get("deadline_passed"):
+        lines.append(f"deadline passed with {len(waiting)} nodes still waiting:")
+    lines += [f"       {r['node']} waits for {r.get('waiting', '?')}" for r in waiting]
     return "\n".join(lines)
 
 
@@ -344,11 +348,25 @@ def cmd_episode_update(args) -> int:
     return _operator(args, lambda c: op.update_episode(c, args.node, update, *extra))
 
 
+def cmd_guard_update(args) -> int:
+    from workers import operator as op
+
+    if args.command == "resume" and args.force:
+        from policies.durations import parse_duration
+
+        try:
+            span = parse_duration(args.for_) if args.for_ else None
+        except ValueError as err:
+            return _fail(f"gpuheal resume: --for {args.for_!r}: {err}")
+        return _operator(args, lambda c: op.lift_gates(c, args.cluster, args.leases, span))
+    extra = [args.reason] if args.command == "pause" else []
+    return _operator(args, lambda c: op.guard_update(c, args.cluster, args.command, *extra))
+
+
 def cmd_guard(args) -> int:
     from workers import operator as op
 
-    extra = [args.reason] if args.command == "pause" else []
-    return _operator(args, lambda c: op.guard_update(c, args.cluster, args.command, *extra))
+    return _operator(args, lambda c: op.guard_status(c, args.cluster))
 
 
 def cmd_report(args) -> int:
@@ -486,8 +504,13 @@ def build_parser() -> argparse.ArgumentParser:
     operator_cmd("history", "every episode of a node, each step with its time and result", cmd_history, "required")
     operator_cmd("approve", "approve the rung a node's episode waits on", cmd_episode_update, "required")
     operator_cmd("replace", "skip a node's episode straight to replacement", cmd_episode_update, "required")
-    operator_cmd("pause", "pause new disruptive leases in the cluster", cmd_guard).add_argument("--reason", default="")
-    operator_cmd("resume", "resume disruptive leases (also closes a tripped storm breaker)", cmd_guard)
+    operator_cmd("guard", "the fleet guard: budget, leases and holders, waiters and why, gates, canaries", cmd_guard)
+    operator_cmd("pause", "pause new disruptive leases in the cluster", cmd_guard_update).add_argument("--reason", default="")
+    res = operator_cmd("resume", "resume disruptive leases (also closes a tripped storm breaker)", cmd_guard_update)
+    res.add_argument("--force", action="store_true",
+                     help="also lift every gate (max_unhealthy, canary trickle) for --leases grants or --for a time")
+    res.add_argument("--leases", type=int, default=1, help="with --force: how many leases (default 1)")
+    res.add_argument("--for", dest="for_", default=None, metavar="DURATION", help="with --force: lift the gates this long (e.g. 30m)")
     rep = operator_cmd("report", "report a fault by hand", cmd_report, "required")
     rep.add_argument("--xid", type=int, required=True)
     rep.add_argument("--gpu", type=int, required=True)

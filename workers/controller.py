@@ -6,10 +6,12 @@ import asyncio
 import concurrent.futures
 import logging
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 
 import boto3
 from temporalio.client import Client
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
@@ -20,9 +22,9 @@ from activities.kube import CLUSTER_CALL_THREADS, KubeActivities, load_core_api
 from activities.ledger import DynamoLedger, LedgerActivities, SqliteLedger
 from activities.policy import PolicyActivities
 from policies.loader import default_policy
-from policies.model import Policy
+from policies.model import GuardPolicy, Policy
 from workers.condition_watcher import ConditionRule, ConditionWatcher, WatcherConfig
-from workflows.fleet_guard import FleetGuard
+from workflows.fleet_guard import FleetGuard, guard_workflow_id
 from workflows.node_admission import NodeAdmission
 from workflows.node_remediation import NodeRemediation
 
@@ -101,10 +103,30 @@ class _ClusterCallPool(concurrent.futures.ThreadPoolExecutor):
     """The thread pool of blocking cluster calls (asyncio.to_thread in the activities)."""
 
 
+async def tell_guard_the_policy(client: Client, cluster: str, guard: GuardPolicy) -> bool:
+    """The controller's policy is the guard's: a running guard gets it as an update (recorded in its
+    history); a guard not yet started takes it from the first episode that starts it."""
+    handle = client.get_workflow_handle(guard_workflow_id(cluster))
+    try:
+        await handle.execute_update(FleetGuard.set_policy, args=[guard, client.identity],
+                                    rpc_timeout=timedelta(seconds=30))
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            return False
+        log.warning("could not give fleet guard %s the policy: %s", cluster, err)
+        return False
+    except Exception as err:  # noqa: BLE001 - a closed guard, a timeout: the controller serves on
+        log.warning("could not give fleet guard %s the policy: %s", cluster, err)
+        return False
+    log.info("fleet guard %s takes the controller's guard policy", cluster)
+    return True
+
+
 async def run_controller(client: Client, cfg: ControllerConfig, stop: asyncio.Event) -> None:
     worker = build_worker(client, cfg)
     async with worker:
         log.info("controller serving task queue %s", cfg.task_queue)
+        await tell_guard_the_policy(client, cfg.cluster, (cfg.policy or default_policy()).guard)
         if not cfg.watch_conditions:
             await stop.wait()
             return

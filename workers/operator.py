@@ -15,7 +15,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from activities import contracts as c
 from policies.findings import Finding, HealthReport
 from workers.reporting import send_report
-from workflows.fleet_guard import FleetGuard, guard_workflow_id
+from workflows.fleet_guard import FleetGuard, GateRelease, guard_workflow_id
 from workflows.node_remediation import NodeRemediation, RemediationStatus, remediation_workflow_id
 
 
@@ -67,7 +67,16 @@ async def _running(client: Client, node: str):
 
 async def node_status(client: Client, node: str) -> RemediationStatus:
     handle, _ = await _running(client, node)
-    return await query_status(client, handle)
+    st = await query_status(client, handle)
+    if st.lease_requested and not st.lease_held and st.stage.value != "done":
+        # Which gate holds the lease back is the guard's to say.
+        try:
+            guard = await guard_status(client, st.cluster)
+            why = next((w.reason for w in guard.waiting if w.holder == handle.id), "not in the guard's line (re-sent soon)")
+            st.waiting = f"{st.waiting}: {why}"
+        except (OperatorError, RPCError):
+            st.waiting = f"{st.waiting}: the fleet guard does not answer"
+    return st
 
 
 async def fleet_status(client: Client) -> list[dict]:
@@ -102,6 +111,24 @@ async def update_episode(client: Client, node: str, update: str, *args) -> Remed
     # Who asked goes last: the episode records it in its history and in `status`.
     return await ask(client, handle, lambda t: handle.execute_update(
         update, args=[*args, client.identity], result_type=RemediationStatus, rpc_timeout=t))
+
+
+async def guard_status(client: Client, cluster: str):
+    handle = client.get_workflow_handle(guard_workflow_id(cluster))
+    try:
+        return await ask(client, handle, lambda t: handle.query(FleetGuard.status, rpc_timeout=t))
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            raise OperatorError(f"no fleet guard runs for cluster {cluster!r}") from None
+        raise
+
+
+async def lift_gates(client: Client, cluster: str, leases: int, span: timedelta | None):
+    """`resume --force`: resume, then lift every gate for some leases or a time, recorded with who asked."""
+    await guard_update(client, cluster, "resume")
+    until = datetime.now(UTC) + span if span else None
+    lift = GateRelease(leases=0 if span else max(1, leases), until=until, by=client.identity)
+    return await guard_update(client, cluster, "release_gate", lift)
 
 
 async def guard_update(client: Client, cluster: str, update: str, *args):

@@ -19,7 +19,7 @@ from workers import telemetry
 from workers.embedded_temporal import binary, search_attribute_flags
 from workers.temporal_client import TemporalOptions, connect
 from workflows.fleet_guard import FleetGuard, guard_workflow_id
-from workflows.node_remediation import RemediationResult, remediation_workflow_id
+from workflows.node_remediation import NodeRemediation, RemediationResult, remediation_workflow_id
 
 
 @contextlib.contextmanager
@@ -75,6 +75,19 @@ async def node_outcome(client: Client, node: str, since: datetime) -> dict:
         row["history_events"] += w.history_length or 0
         if w.close_time:
             row["duration_s"] += (w.close_time - w.start_time).total_seconds()
+        if w.status == WorkflowExecutionStatus.RUNNING:
+            # Past the scenario's deadline: what the episode still waits on, in its own words.
+            try:
+                st = await client.get_workflow_handle(w.id, run_id=w.run_id).query(
+                    NodeRemediation.status, rpc_timeout=timedelta(seconds=10))
+                why = st.waiting or f"stage {st.stage.value}"
+                row.update(fault_class=st.triage.fault_class if st.triage else None,
+                           attribution=st.triage.attribution if st.triage else None)
+                row["rungs"] += [x.value for x in st.rungs_tried]
+            except Exception as err:  # noqa: BLE001 - a row that says so beats no row
+                why = f"no answer: {err}"
+            row.update(outcome="waiting", waiting=why)
+            continue
         if w.status != WorkflowExecutionStatus.COMPLETED:
             continue
         r = await client.get_workflow_handle(w.id, run_id=w.run_id, result_type=RemediationResult).result()
@@ -115,12 +128,22 @@ async def _play(scenario: Scenario, policy: Policy, client: Client, on_tick, aft
         fleet = SimulatedFleet(scenario, policy, client, task_queue=f"gpuheal-sim-{uuid.uuid4().hex[:6]}",
                                cluster=f"sim-{uuid.uuid4().hex[:6]}")
         since = datetime.now(UTC) - timedelta(seconds=1)
+        deadline_s = scenario.deadline.total_seconds() * scenario.time_scale if scenario.deadline else 600.0
         async with fleet.running(moto_url):
-            await fleet.play(on_tick=on_tick)
+            try:
+                await fleet.play(deadline_s=deadline_s, on_tick=on_tick)
+                late = False
+            except TimeoutError:
+                late = True
             faulty = sorted({f.node for f in scenario.faults})
-            await wait_visible(client, faulty)
+            if not late:
+                await wait_visible(client, faulty)
             rows = [await node_outcome(client, n, since) if n in faulty else healthy_row(n)
                     for n in scenario.fleet.names()]
+            if late:  # what still waits has been said in its row: end it with the scenario
+                for n in faulty:
+                    with contextlib.suppress(Exception):
+                        await client.get_workflow_handle(remediation_workflow_id(n)).terminate("scenario deadline")
             guard = client.get_workflow_handle(guard_workflow_id(fleet.cluster))
             try:
                 g = await guard.query(FleetGuard.status)
@@ -135,7 +158,7 @@ async def _play(scenario: Scenario, policy: Policy, client: Client, on_tick, aft
                 if not e.allowed:
                     refused[e.node] = refused.get(e.node, 0) + 1
             fleet_doc["evictions_refused_by_pdb"] = refused  # node -> 429s its drain waited through
-            doc = {"scenario": scenario.name, "nodes": rows, "fleet": fleet_doc}
+            doc = {"scenario": scenario.name, "nodes": rows, "fleet": fleet_doc, "deadline_passed": late}
             if after is not None:
                 await after(doc, fleet)
     return doc

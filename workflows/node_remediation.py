@@ -59,6 +59,7 @@ with workflow.unsafe.imports_passed_through():
         remediation_workflow_id,
     )
     from workflows.report_intake import (
+        fault_cleared,
         new_event_ids,
         recurrence_findings,
         remember_events,
@@ -416,7 +417,8 @@ class NodeRemediation:
         return self.s.stage is Stage.DONE or (self.s.cancel_reason is not None and not self.s.quarantined)
 
     def _fault_cleared(self) -> bool:
-        return self.s.latest is not None and self.s.latest.healthy
+        t = self.s.triage
+        return fault_cleared([v.finding for v in t.verdicts if v.rung is not None] if t else [], self.s.latest)
 
     async def _approved(self, rung: Rung) -> bool:
         rp = self.policy.ladder.for_rung(rung)

@@ -41,3 +41,12 @@ def recurrence_findings(report: HealthReport, seen: list[str]) -> list[Finding]:
     the episode already acted on is neither: the agent holds one-shot events for a while."""
     known = set(seen)
     return [f for f in report.findings if f.event_id is None or f.event_id not in known]
+
+
+def fault_cleared(acted: list[Finding], latest: HealthReport | None) -> bool:
+    """Whether a healthy report means the fault is gone: only for conditions the probes measure
+    (a GPU counted, a port up). A one-shot event (an Xid, a kernel-log record) is not undone when
+    the agent stops holding it; the fault it showed stays."""
+    if latest is None or not latest.healthy or not acted:
+        return False
+    return all(f.event_id is None and f.kind != "xid" for f in acted)
