@@ -23,6 +23,7 @@ from workers.embedded_temporal import binary, search_attribute_flags
 from workflows.node_remediation import NodeRemediation
 
 HISTORIES = Path(__file__).resolve().parent.parent / "histories"
+GUARD_HISTORIES = HISTORIES / "guard"  # FleetGuard's paths (issue: never wedged)
 
 
 def fast_policy(**ladder_approval) -> Policy:
@@ -69,6 +70,41 @@ async def record(env: WorkflowEnvironment, name: str, write: bool = True) -> dic
             "events": len(history.events)}
 
 
+def guard_policy(**guard) -> Policy:
+    policy = default_policy().scaled(0.002)
+    policy.guard = policy.guard.model_copy(update=guard)
+    return policy
+
+
+# guard path -> (policy, fleet size, nodes failing, FakeNode options)
+GUARD_PATHS = {
+    "canary_failed": (lambda: guard_policy(storm_faults=1), 10, 2, {"fail": {"kube.return_to_service"}}),
+    "quarantine_deferred": (lambda: guard_policy(max_unhealthy=1), 4, 2, {}),
+}
+
+
+async def record_guard(env: WorkflowEnvironment, name: str) -> dict:
+    """One FleetGuard history: episodes on the stand-in fleet, a policy update from the controller,
+    then the guard terminated at the end as the tests do."""
+    from workers.controller import tell_guard_the_policy
+    from workflows.fleet_guard import guard_workflow_id
+
+    make_policy, size, failing, options = GUARD_PATHS[name]
+    u = uuid.uuid4().hex[:6]
+    policy = make_policy()
+    fleet = FakeFleet(client=env.client, task_queue=f"rec-{u}", policy=policy, cluster=f"rec-{u}", fleet_size=size)
+    nodes = [fleet.add(FakeNode(f"{name.replace('_', '-')}-{i}", [xid(48)], cured_by="reset", **options))
+             for i in range(failing)]
+    async with fleet.workers():
+        handles = await asyncio.gather(*(fleet.report(n.name) for n in nodes))
+        results = await asyncio.gather(*(h.result() for h in handles))
+        await tell_guard_the_policy(env.client, fleet.cluster, policy.guard.model_copy(update={"max_disruptive": 3}))
+    history = await env.client.get_workflow_handle(guard_workflow_id(fleet.cluster)).fetch_history()
+    GUARD_HISTORIES.mkdir(exist_ok=True)
+    (GUARD_HISTORIES / f"{name}.json").write_text(json.dumps(json.loads(history.to_json()), indent=1) + "\n")
+    return {"guard_path": name, "outcomes": sorted(r.outcome.value for r in results), "events": len(history.events)}
+
+
 async def main() -> None:
     HISTORIES.mkdir(exist_ok=True)
     env = await WorkflowEnvironment.start_local(
@@ -76,8 +112,11 @@ async def main() -> None:
         dev_server_extra_args=search_attribute_flags(),
     )
     try:
-        for name in PATHS:
+        only_guard = "--guard" in sys.argv
+        for name in [] if only_guard else PATHS:
             print(json.dumps(await record(env, name)))
+        for name in GUARD_PATHS:
+            print(json.dumps(await record_guard(env, name)))
     finally:
         await env.shutdown()
 

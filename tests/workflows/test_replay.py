@@ -17,7 +17,9 @@ from workflows.node_remediation import NodeRemediation
 
 # The newest recordings, plus those made before each patch (subfolders named after the patch).
 ROOT = Path(__file__).resolve().parent.parent / "histories"
-HISTORIES = sorted(ROOT.rglob("*.json"))
+GUARD = ROOT / "guard"  # FleetGuard's own recordings
+HISTORIES = sorted(p for p in ROOT.rglob("*.json") if GUARD not in p.parents)
+GUARD_PATHS = {"canary_failed", "quarantine_deferred"}
 REQUIRED_PATHS = {"kill_only", "reset", "reboot", "replace", "probation_recurrence", "approval"}
 # Paths that exist since the do-no-harm patch: recorded with the newest code only.
 DO_NO_HARM_PATHS = {"agent_missing", "cordon_failed", "uncordon_failed", "drain_failed", "rejected"}
@@ -29,7 +31,8 @@ def load(path: Path) -> WorkflowHistory:
 
 def test_every_required_path_is_recorded():
     assert REQUIRED_PATHS | DO_NO_HARM_PATHS <= {p.stem for p in HISTORIES if p.parent == ROOT}
-    for before in (d for d in ROOT.iterdir() if d.is_dir()):
+    assert GUARD_PATHS <= {p.stem for p in GUARD.glob("*.json")}
+    for before in (d for d in ROOT.iterdir() if d.is_dir() and d != GUARD):
         assert REQUIRED_PATHS <= {p.stem for p in before.glob("*.json")}, f"{before.name}: a path is missing"
 
 
@@ -37,6 +40,13 @@ def test_every_required_path_is_recorded():
 async def test_history_replays(path: Path):
     replayer = Replayer(workflows=[NodeRemediation, FleetGuard], data_converter=pydantic_data_converter)
     await replayer.replay_workflow(load(path))
+
+
+@pytest.mark.parametrize("path", sorted(GUARD.glob("*.json")), ids=lambda p: p.stem)
+async def test_guard_history_replays(path: Path):
+    history = WorkflowHistory.from_json(f"fleet-guard/{path.stem}", json.loads(path.read_text()))
+    replayer = Replayer(workflows=[FleetGuard], data_converter=pydantic_data_converter)
+    await replayer.replay_workflow(history)
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=lambda p: str(p.relative_to(ROOT).with_suffix("")))

@@ -1,0 +1,144 @@
+"""The fleet guard's books stay true and it never wedges (issue: never wedged): reconciliation with
+the nodes' real state, a guard started afresh, its policy from the controller, failed canaries, and
+an operator lifting a gate. On the dev server in real time, with a scaled policy."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+from policies.loader import default_policy
+from tests.workflows.fakes import FakeFleet, FakeNode, xid
+from tests.workflows.test_node_remediation import wait_for
+from workers.controller import tell_guard_the_policy
+from workers.operator import lift_gates
+from workflows.fleet_guard import FleetGuard, guard_workflow_id
+
+
+def quick_policy():
+    policy = default_policy().scaled(0.001)
+    policy.guard.holder_check_interval = timedelta(milliseconds=500)
+    return policy
+
+
+def fleet_of(env, uniq, policy, size: int = 10) -> FakeFleet:
+    fleet = FakeFleet(client=env.client, task_queue=f"g-{uniq}", policy=policy, cluster=f"g-{uniq}")
+    fleet.fleet_size = size
+    return fleet
+
+
+async def guard_status(fleet: FakeFleet):
+    return await fleet.client.get_workflow_handle(guard_workflow_id(fleet.cluster)).query(FleetGuard.status)
+
+
+async def test_quarantined_node_fixed_by_hand_leaves_the_unhealthy_count(dev_env, uniq):
+    fleet = fleet_of(dev_env, uniq, quick_policy())
+    n = fleet.add(FakeNode(f"stuck-{uniq}", [xid(48)], cured_by="reset", fail={"kube.return_to_service"}))
+    async with fleet.workers():
+        result = await (await fleet.report(n.name)).result()
+        assert result.outcome == "quarantined"
+        st = await guard_status(fleet)
+        assert n.name in st.unhealthy, "a node left quarantined still counts"
+        n.cordoned = False  # a person uncordons it and removes the taint
+
+        async def dropped() -> bool:
+            return n.name not in (await guard_status(fleet)).unhealthy
+
+        await wait_for(dropped, timeout=15)
+
+
+async def test_a_guard_started_afresh_learns_holders_back_and_keeps_the_budget(dev_env, uniq):
+    policy = quick_policy()
+    policy.guard.max_disruptive = 1
+    fleet = fleet_of(dev_env, uniq, policy)
+    a = fleet.add(FakeNode(f"a-{uniq}", [xid(48)], cured_by="reset", hold=asyncio.Event()))
+    b = fleet.add(FakeNode(f"b-{uniq}", [xid(48)], cured_by="reset"))
+    guard = dev_env.client.get_workflow_handle(guard_workflow_id(fleet.cluster))
+    async with fleet.workers():
+        ha = await fleet.report(a.name)
+        await wait_for(lambda: _async("kube.drain" in a.calls), timeout=15)
+        hb = await fleet.report(b.name)
+
+        async def b_waits() -> bool:
+            return bool((await guard.query(FleetGuard.status)).waiters)
+
+        await wait_for(b_waits, timeout=15)
+        await guard.terminate("an operator terminated the guard")
+        # b re-sends its request: the guard starts afresh and learns a (holding) and b (waiting) back.
+
+        async def relearnt() -> bool:
+            try:
+                st = await dev_env.client.get_workflow_handle(guard_workflow_id(fleet.cluster)).query(FleetGuard.status)
+            except Exception:  # noqa: BLE001 - not started again yet
+                return False
+            return any(h.node == a.name for h in st.holders)
+
+        await wait_for(relearnt, timeout=30)
+        await asyncio.sleep(1.5)
+        assert "kube.drain" not in b.calls, "the new guard must not grant b on top of a's lease"
+        a.hold.set()
+        ra, rb = await asyncio.wait_for(asyncio.gather(ha.result(), hb.result()), 60)
+    assert (ra.outcome, rb.outcome) == ("returned", "returned")
+
+
+async def test_the_controllers_policy_reaches_a_running_guard(dev_env, uniq):
+    policy = quick_policy()
+    fleet = fleet_of(dev_env, uniq, policy)
+    n = fleet.add(FakeNode(f"p-{uniq}", [xid(48)], cured_by="reset"))
+    async with fleet.workers():
+        await (await fleet.report(n.name)).result()
+        new = policy.guard.model_copy(update={"max_disruptive": 7})
+        assert await tell_guard_the_policy(dev_env.client, fleet.cluster, new)
+        assert await tell_guard_the_policy(dev_env.client, fleet.cluster, new)  # the same again: no change
+        st = await guard_status(fleet)
+    assert st.policy.max_disruptive == 7 and st.limit == 7
+    assert len(st.policy_changes) == 1 and "max_disruptive" in st.policy_changes[0]
+    assert not await tell_guard_the_policy(dev_env.client, f"nowhere-{uniq}", new), "no guard: nothing to update"
+
+
+async def test_a_failed_canary_keeps_the_trickle_at_one_and_raises_the_alarm(dev_env, uniq):
+    policy = quick_policy()
+    policy.guard.storm_faults = 1  # two faults at once trip the breaker
+    policy.guard.storm_cooldown = timedelta(minutes=10)
+    fleet = fleet_of(dev_env, uniq, policy)
+    nodes = [fleet.add(FakeNode(f"c{i}-{uniq}", [xid(48)], cured_by="reset", fail={"kube.return_to_service"}))
+             for i in range(2)]
+    async with fleet.workers():
+        handles = await asyncio.gather(*(fleet.report(n.name) for n in nodes))
+        results = await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), 60)
+        st = await guard_status(fleet)
+    assert all(r.outcome == "quarantined" for r in results)
+    assert st.breaker_open and st.canary_budget == 1 and st.max_seen_holders == 1
+    assert st.alarm.startswith("canary ") and any(h.startswith("failed") for h in st.canary_history)
+    assert "GpuRemediationCanaryFailed" in [e.reason for e in fleet.events]
+
+
+async def test_an_operator_lifts_a_gate_for_one_lease(dev_env, uniq):
+    """With the trickle turned off, nodes past max_unhealthy wait (the old wedge): `resume --force`
+    lets one lease through, recorded with who asked; the rest follow as the count falls."""
+    policy = quick_policy()
+    policy.guard.canary = False
+    policy.guard.defer_quarantine = False
+    policy.guard.max_unhealthy = 1
+    fleet = fleet_of(dev_env, uniq, policy)
+    nodes = [fleet.add(FakeNode(f"f{i}-{uniq}", [xid(48)], cured_by="reset")) for i in range(2)]
+    async with fleet.workers():
+        handles = await asyncio.gather(*(fleet.report(n.name) for n in nodes))
+
+        async def both_wait() -> bool:
+            try:
+                return len((await guard_status(fleet)).waiters) == 2
+            except Exception:  # noqa: BLE001 - not started yet
+                return False
+
+        await wait_for(both_wait, timeout=15)
+        await asyncio.sleep(1.0)
+        assert not any("kube.drain" in n.calls for n in nodes), "past max_unhealthy nothing is granted"
+        st = await lift_gates(dev_env.client, fleet.cluster, leases=1, span=None)
+        assert st.forced is not None and "@" in st.forced.by
+        results = await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), 60)
+    assert all(r.outcome == "returned" for r in results)
+
+
+async def _async(value):
+    return value
