@@ -109,7 +109,7 @@ async def tell_guard_the_policy(client: Client, cluster: str, guard: GuardPolicy
     handle = client.get_workflow_handle(guard_workflow_id(cluster))
     try:
         await handle.execute_update(FleetGuard.set_policy, args=[guard, client.identity],
-                                    rpc_timeout=timedelta(seconds=30))
+                                    rpc_timeout=timedelta(seconds=10))
     except RPCError as err:
         if err.status == RPCStatusCode.NOT_FOUND:
             return False
@@ -126,11 +126,20 @@ async def run_controller(client: Client, cfg: ControllerConfig, stop: asyncio.Ev
     worker = build_worker(client, cfg)
     async with worker:
         log.info("controller serving task queue %s", cfg.task_queue)
-        await tell_guard_the_policy(client, cfg.cluster, (cfg.policy or default_policy()).guard)
-        if not cfg.watch_conditions:
-            await stop.wait()
-            return
-        watcher = ConditionWatcher(client, load_core_api(cfg.kubeconfig), WatcherConfig(
-            rules=cfg.watch_conditions, cluster=cfg.cluster,
-            task_queue=cfg.task_queue, label_selector=cfg.gpu_node_selector))
-        await watcher.run(stop)
+        # In the background: a guard whose workers are elsewhere (or gone) must not hold up serving or stopping.
+        told = asyncio.create_task(tell_guard_the_policy(client, cfg.cluster, (cfg.policy or default_policy()).guard))
+        try:
+            await _serve(client, cfg, stop)
+        finally:
+            told.cancel()
+
+
+async def _serve(client: Client, cfg: ControllerConfig, stop: asyncio.Event) -> None:
+    """Until stopped: the node-condition watcher, if any conditions are watched."""
+    if not cfg.watch_conditions:
+        await stop.wait()
+        return
+    watcher = ConditionWatcher(client, load_core_api(cfg.kubeconfig), WatcherConfig(
+        rules=cfg.watch_conditions, cluster=cfg.cluster,
+        task_queue=cfg.task_queue, label_selector=cfg.gpu_node_selector))
+    await watcher.run(stop)

@@ -60,14 +60,18 @@ async def outcomes(client, fleet: SimulatedFleet, nodes: list[str]) -> dict[str,
             for n in nodes}
 
 
+async def play_watched(env, moto_url: str, name: str, text: str, failing: int, deadline_s: float):
+    sc, policy = load_scenario(text=text)
+    fleet = SimulatedFleet(sc, policy, env.client, task_queue=name, cluster=name)
+    watch = GuardWatch(env.client, fleet.cluster, env.client.service_client.config.target_host)
+    async with fleet.running(moto_url):
+        await fleet.play(deadline_s=deadline_s, on_tick=watch)
+        return watch, await outcomes(env.client, fleet, [f"gpu-node-{i}" for i in range(failing)])
+
+
 @pytest.mark.timeout(300)
 async def test_two_of_three_failing_at_once_all_come_back(dev_env, moto_url, aws, uniq):
-    sc, policy = load_scenario(text=scenario(3, 2, budget=1))
-    fleet = SimulatedFleet(sc, policy, dev_env.client, task_queue=f"mass3-{uniq}", cluster=f"mass3-{uniq}")
-    watch = GuardWatch(dev_env.client, fleet.cluster, dev_env.client.service_client.config.target_host)
-    async with fleet.running(moto_url):
-        await fleet.play(deadline_s=240, on_tick=watch)
-        results = await outcomes(dev_env.client, fleet, ["gpu-node-0", "gpu-node-1"])
+    watch, results = await play_watched(dev_env, moto_url, f"mass3-{uniq}", scenario(3, 2, budget=1), 2, 240)
     assert {n: r.outcome for n, r in results.items()} == {"gpu-node-0": "returned", "gpu-node-1": "returned"}
     assert watch.max_cordoned <= 1, "max_unhealthy 50% of 3: one node quarantined at a time, the other deferred"
     assert watch.max_holders <= 1
@@ -75,12 +79,7 @@ async def test_two_of_three_failing_at_once_all_come_back(dev_env, moto_url, aws
 
 @pytest.mark.timeout(600)
 async def test_twelve_of_sixteen_recover_within_budget_canary_stepping_up(dev_env, moto_url, aws, uniq):
-    sc, policy = load_scenario(text=scenario(16, 12, budget=3))
-    fleet = SimulatedFleet(sc, policy, dev_env.client, task_queue=f"mass16-{uniq}", cluster=f"mass16-{uniq}")
-    watch = GuardWatch(dev_env.client, fleet.cluster, dev_env.client.service_client.config.target_host)
-    async with fleet.running(moto_url):
-        await fleet.play(deadline_s=540, on_tick=watch)
-        results = await outcomes(dev_env.client, fleet, [f"gpu-node-{i}" for i in range(12)])
+    watch, results = await play_watched(dev_env, moto_url, f"mass16-{uniq}", scenario(16, 12, budget=3), 12, 540)
     assert all(r.outcome == "returned" for r in results.values()), {n: r.outcome for n, r in results.items()}
     assert watch.max_holders <= 3 and max(watch.budgets) <= 3
     assert watch.max_cordoned <= 8, "max_unhealthy 50% of 16"

@@ -62,3 +62,20 @@ def test_simulate_json_document(tmp_path):
     assert r["workflow_id"] == "remediate/gpu-node-1" and r["run_ids"] and r["history_events"] > 0
     assert rows["gpu-node-0"]["outcome"] == "healthy" and rows["gpu-node-0"]["attribution"] is None
     assert doc["fleet"]["max_disruptive_at_once"] == 1 and doc["fleet"]["evictions_breaking_budget"] == 0
+
+
+def test_simulate_past_its_deadline_says_what_waits_and_exits_1(tmp_path):
+    """A fault that needs a person (replace waits for approval in this policy) cannot settle: at the
+    scenario's deadline simulate prints every node's row, the unfinished one `waiting` with why."""
+    policy = tmp_path / "p.yaml"
+    policy.write_text("ladder: {replace: {requires_approval: true, approval_timeout: 100d}}\n")
+    f = tmp_path / "s.yaml"
+    f.write_text(f"name: stuck\ntime_scale: 0.002\npolicy: {policy}\ndeadline: 2h\nfleet: {{nodes: 3}}\n"
+                 "faults:\n  - {node: gpu-node-1, kind: row_remap_failure, gpu: 2, cured_by: none}\n")
+    run = subprocess.run([sys.executable, "-m", "workers.cli", "simulate", str(f), "--json"], capture_output=True,
+                         text=True, timeout=240)
+    assert run.returncode == 1, run.stderr[-2000:]
+    doc = json.loads(run.stdout)
+    row = next(r for r in doc["nodes"] if r["node"] == "gpu-node-1")
+    assert doc["deadline_passed"] and row["outcome"] == "waiting"
+    assert row["waiting"].startswith("approval to replace"), row
