@@ -7,6 +7,7 @@ is reconciled with the running episodes and the nodes' taints on every holder ch
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 
 from temporalio import workflow
@@ -53,6 +54,7 @@ class FleetGuard:
         self._wake = True
         self._regrant: set[str] = set()
         self._answers: list[tuple[str, QuarantineAnswer]] = []
+        self._relearning = None
         # Decided once per run, here: queries (read-only) read it too.
         self._never_wedged = workflow.patched(PATCH_GUARD_NEVER_WEDGED)
 
@@ -154,9 +156,14 @@ class FleetGuard:
     @workflow.run
     async def run(self, inp: GuardInput) -> None:
         if self._new() and inp.state is None and not workflow.info().continued_run_id:
-            await self._relearn()
+            # Beside the loop: cordons are answered meanwhile (the API's taints and every ending
+            # correct the count), leases wait until the holders are known.
+            self._relearning = asyncio.create_task(self._relearn())
         while True:
             self._wake = False
+            if self.s.fleet_size:
+                await self._admit()  # a cordon is answered first: every millisecond counts for the jobs
+                await self._answer()
             # The order of the steps is the order of their commands: old histories replay it.
             await self._count_fleet_if_due()
             await self._admit()
@@ -227,6 +234,8 @@ class FleetGuard:
         return "in line"
 
     async def _grant(self) -> None:
+        if self._relearning is not None and not self._relearning.done():
+            return  # no lease before the guard knows who holds one
         for holder in sorted(self._regrant):
             await self._signal_grant(holder)
         self._regrant.clear()
@@ -439,6 +448,7 @@ class FleetGuard:
         except ActivityError:
             self.s.canary_budget = 1  # holders unknown: one lease at a time until they are known
             workflow.logger.warning("guard %s: running episodes unknown, starting with one lease", self.inp.cluster)
+            self._wake = True
             return
         now = workflow.now()
         for e in found.episodes:
@@ -450,6 +460,7 @@ class FleetGuard:
             if e.quarantined:
                 self.s.unhealthy.setdefault(e.node, e.holder)
         self.s.relearned = found.known
+        self._wake = True
 
     def _details(self) -> str:
         s = self.s
