@@ -56,15 +56,25 @@ class Fault(_Strict):
         return self
 
 
+DEFAULT_DEADLINE = timedelta(days=7)
+
+
 class Scenario(_Strict):
     name: str
     time_scale: float = Field(default=1.0, gt=0, le=1.0)
     policy: str = "default"
     budget: int | None = Field(default=None, ge=1)
     deadline: Duration | None = Field(
-        default=None, description="Scenario time after which simulate stops and prints what still waits (default: 600 s of wall clock).")
+        default=None, description="Scenario time after which simulate stops and prints what still waits "
+                                  "(default: a week of scenario time, and never under 600 s of wall clock).")
     fleet: Fleet = Field(default_factory=Fleet)
     faults: list[Fault] = Field(default_factory=list)
+
+    def deadline_s(self) -> float:
+        """The wall-clock seconds simulate gives the scenario to settle."""
+        if self.deadline is not None:
+            return self.deadline.total_seconds() * self.time_scale
+        return max(600.0, DEFAULT_DEADLINE.total_seconds() * self.time_scale)
 
     @model_validator(mode="after")
     def _known_nodes(self) -> Scenario:

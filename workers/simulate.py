@@ -128,7 +128,7 @@ async def _play(scenario: Scenario, policy: Policy, client: Client, on_tick, aft
         fleet = SimulatedFleet(scenario, policy, client, task_queue=f"gpuheal-sim-{uuid.uuid4().hex[:6]}",
                                cluster=f"sim-{uuid.uuid4().hex[:6]}")
         since = datetime.now(UTC) - timedelta(seconds=1)
-        deadline_s = scenario.deadline.total_seconds() * scenario.time_scale if scenario.deadline else 600.0
+        deadline_s = scenario.deadline_s()
         async with fleet.running(moto_url):
             try:
                 await fleet.play(deadline_s=deadline_s, on_tick=on_tick)
