@@ -405,7 +405,15 @@ class NodeRemediation:
             self._record("quarantine", f"quarantine of {self.node} deferred by the fleet guard", False,
                          self.s.admission_reason)
             self._set_details(f"room to quarantine: {self.s.admission_reason}")
-            await workflow.wait_condition(done)
+            while not done():
+                # Asked again now and then: a guard started afresh knows no deferred faults.
+                try:
+                    await workflow.wait_condition(done, timeout=self.policy.guard.holder_check_interval,
+                                                  timeout_summary=f"{self.node}'s quarantine request, re-sent")
+                except TimeoutError:
+                    await self._signal_guard(GUARD_SIGNAL_FAULT, FaultNotice(
+                        node=self.node, holder=workflow.info().workflow_id,
+                        fault_class=t.fault_class if t else None, admission=True), started=True)
             if self.s.admission == "admitted":
                 self._record("quarantine", f"quarantine of {self.node} admitted by the fleet guard", True)
         if self.s.admission != "admitted" and self._fault_cleared():

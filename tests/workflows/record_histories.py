@@ -99,6 +99,11 @@ async def record_guard(env: WorkflowEnvironment, name: str) -> dict:
         handles = await asyncio.gather(*(fleet.report(n.name) for n in nodes))
         results = await asyncio.gather(*(h.result() for h in handles))
         await tell_guard_the_policy(env.client, fleet.cluster, policy.guard.model_copy(update={"max_disruptive": 3}))
+        for h in handles:  # an episode that waited for room to quarantine is a path of its own
+            st = await h.query(NodeRemediation.status)
+            if any("deferred" in a.summary for a in st.actions):
+                episode = await h.fetch_history()
+                (HISTORIES / f"{name}.json").write_text(json.dumps(json.loads(episode.to_json()), indent=1) + "\n")
     history = await env.client.get_workflow_handle(guard_workflow_id(fleet.cluster)).fetch_history()
     GUARD_HISTORIES.mkdir(exist_ok=True)
     (GUARD_HISTORIES / f"{name}.json").write_text(json.dumps(json.loads(history.to_json()), indent=1) + "\n")

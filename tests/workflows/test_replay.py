@@ -22,7 +22,8 @@ HISTORIES = sorted(p for p in ROOT.rglob("*.json") if GUARD not in p.parents)
 GUARD_PATHS = {"canary_failed", "quarantine_deferred"}
 REQUIRED_PATHS = {"kill_only", "reset", "reboot", "replace", "probation_recurrence", "approval"}
 # Paths that exist since the do-no-harm patch: recorded with the newest code only.
-DO_NO_HARM_PATHS = {"agent_missing", "cordon_failed", "uncordon_failed", "drain_failed", "rejected"}
+DO_NO_HARM_PATHS = {"agent_missing", "cordon_failed", "uncordon_failed", "drain_failed", "rejected",
+                    "quarantine_deferred"}  # the last since guard-admission
 
 
 def load(path: Path) -> WorkflowHistory:
