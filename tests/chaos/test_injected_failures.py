@@ -49,7 +49,7 @@ async def test_every_episode_completes_with_30_percent_of_calls_failing(server, 
             remediation_workflow_id(n)).query(NodeRemediation.status)).actions] for n in EXPECTED}
     assert kube_requests >= 30
     got = {n: (r.outcome, [x.value for x in r.rungs]) for n, r in results.items()}
-    assert got == EXPECTED, {n: steps[n] for n in EXPECTED if got[n] != EXPECTED[n]}
+    assert got == EXPECTED, "\n".join(f"{n}: " + "\n  ".join(steps[n]) for n in EXPECTED if got[n] != EXPECTED[n])
     total = len(aws_proxy.calls)
     bad = sum(c.outcome != "forwarded" for c in aws_proxy.calls)
     assert total >= 10 and bad >= 3 and 0.1 <= bad / total <= 0.6, (bad, total)  # the proxy did refuse ~30%
