@@ -7,6 +7,7 @@ import asyncio
 import json
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -60,8 +61,11 @@ async def outcomes(client, fleet: SimulatedFleet, nodes: list[str]) -> dict[str,
             for n in nodes}
 
 
-async def play_watched(env, moto_url: str, name: str, text: str, failing: int, deadline_s: float):
+async def play_watched(env, moto_url: str, name: str, text: str, failing: int, deadline_s: float,
+                       storm_window: timedelta | None = None):
     sc, policy = load_scenario(text=text)
+    if storm_window is not None:  # scaled, the default window is about a second: too short to be sure of a storm
+        policy.guard.storm_window = storm_window
     fleet = SimulatedFleet(sc, policy, env.client, task_queue=name, cluster=name)
     watch = GuardWatch(env.client, fleet.cluster, env.client.service_client.config.target_host)
     async with fleet.running(moto_url):
@@ -79,7 +83,8 @@ async def test_two_of_three_failing_at_once_all_come_back(dev_env, moto_url, aws
 
 @pytest.mark.timeout(600)
 async def test_twelve_of_sixteen_recover_within_budget_canary_stepping_up(dev_env, moto_url, aws, uniq):
-    watch, results = await play_watched(dev_env, moto_url, f"mass16-{uniq}", scenario(16, 12, budget=3), 12, 540)
+    watch, results = await play_watched(dev_env, moto_url, f"mass16-{uniq}", scenario(16, 12, budget=3), 12, 540,
+                                        storm_window=timedelta(seconds=20))
     assert all(r.outcome == "returned" for r in results.values()), {n: r.outcome for n, r in results.items()}
     assert watch.max_holders <= 3 and max(watch.budgets) <= 3
     assert watch.max_cordoned <= 8, "max_unhealthy 50% of 16"
