@@ -55,7 +55,8 @@ async def test_storm_of_half_the_fleet_held_to_budget_breaker_closes_itself(dev_
     assert [e.reason for e in fleet.events] == ["GpuRemediationStorm"]
 
 
-async def test_vanished_holder_frees_its_slot(ts_env, uniq):
+async def test_vanished_holder_frees_its_slot(dev_env, uniq):
+    ts_env = dev_env  # real time on the dev server, as the storm test above
     policy = default_policy().scaled(0.001)
     policy.guard.max_disruptive = 1
     policy.guard.holder_check_interval = timedelta(seconds=1)
