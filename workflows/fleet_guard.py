@@ -222,9 +222,15 @@ class FleetGuard:
             return 0
         return min(limit, self.s.canary_budget) if self.s.canary_budget else limit
 
+    def _learning(self) -> bool:
+        return self._relearning is not None and not self._relearning.done()
+
     def _waiter_reason(self) -> str:
         if self.s.paused and not self._forced():
             return f"paused: {self.s.pause_reason}"
+        if self._learning() and not self._forced():
+            return "learning the lease holders back from running episodes" + (
+                f": {self.s.relearn_error}" if self.s.relearn_error else "")
         if len(self.s.holders) >= self._budget():
             gate = self._gate()
             if self.s.canary_budget:
@@ -234,7 +240,7 @@ class FleetGuard:
         return "in line"
 
     async def _grant(self) -> None:
-        if self._relearning is not None and not self._relearning.done():
+        if self._learning() and not self._forced():
             return  # no lease before the guard knows who holds one
         for holder in sorted(self._regrant):
             await self._signal_grant(holder)
@@ -419,37 +425,45 @@ class FleetGuard:
             c.GUARD_LIVE_HOLDERS, c.LiveHoldersRequest(holders=sorted(ids)), result_type=c.LiveHoldersResult,
             start_to_close_timeout=timedelta(seconds=30), summary=f"check {len(ids)} lease holders still run",
         )
-        running = set(live.running)
-        for h in [h.holder for h in self.s.holders if h.holder not in running]:
+        # Only what was checked can be gone: holders learnt back, requests and faults that arrived
+        # while the activity ran were not asked about.
+        gone = ids - set(live.running)
+        for h in [h.holder for h in self.s.holders if h.holder in gone]:
             self._drop_holder(h)
         if not new:
             return
-        for w in [w.holder for w in self.s.waiters if w.holder not in running]:
+        for w in [w.holder for w in self.s.waiters if w.holder in gone]:
             self._drop_holder(w)
-        self.s.deferred = [d for d in self.s.deferred if d.holder in running]
+        self.s.deferred = [d for d in self.s.deferred if d.holder not in gone]
         try:
             tainted = set(await workflow.execute_activity(
                 c.KUBE_QUARANTINED_NODES, result_type=list[str], start_to_close_timeout=timedelta(seconds=30),
                 retry_policy=RetryPolicy(maximum_attempts=3), summary=f"list quarantined nodes in {self.inp.cluster}"))
         except ActivityError:
             return  # the API cannot say: keep what is known rather than forget a quarantined node
-        kept = {n: h for n, h in self.s.unhealthy.items() if h in running or n in tainted}
+        kept = {n: h for n, h in self.s.unhealthy.items() if (h and h not in gone) or n in tainted}
         self.s.unhealthy = kept | {n: "" for n in sorted(tainted) if n not in kept}
         self._wake = True
 
     async def _relearn(self) -> None:
         """A guard started afresh (terminated and started again) learns the episodes that hold a
-        lease, wait for one, or keep a node quarantined, before it grants anything."""
-        try:
-            found = await workflow.execute_activity(
-                c.GUARD_RUNNING_EPISODES, c.RunningEpisodesRequest(cluster=self.inp.cluster),
-                result_type=c.RunningEpisodesResult, start_to_close_timeout=timedelta(minutes=2),
-                retry_policy=RetryPolicy(maximum_attempts=3), summary="learn running episodes back")
-        except ActivityError:
-            self.s.canary_budget = 1  # holders unknown: one lease at a time until they are known
-            workflow.logger.warning("guard %s: running episodes unknown, starting with one lease", self.inp.cluster)
-            self._wake = True
-            return
+        lease, wait for one, or keep a node quarantined, before it grants anything. Holders unknown
+        means no lease at all (one could exceed the budget): it asks again every
+        holder_check_interval, the reason shows in `gpuheal guard`, and `resume --force` still works."""
+        while True:
+            try:
+                found = await workflow.execute_activity(
+                    c.GUARD_RUNNING_EPISODES, c.RunningEpisodesRequest(cluster=self.inp.cluster),
+                    result_type=c.RunningEpisodesResult, start_to_close_timeout=timedelta(minutes=2),
+                    retry_policy=RetryPolicy(maximum_attempts=3), summary="learn running episodes back")
+                break
+            except ActivityError as err:
+                self.s.relearn_error = str(err.cause or err)[:300]
+                workflow.logger.warning("guard %s: running episodes unknown, no lease yet: %s",
+                                        self.inp.cluster, self.s.relearn_error)
+                self._wake = True
+                await workflow.sleep(self.policy.holder_check_interval, summary="ask for running episodes again")
+        self.s.relearn_error = ""
         now = workflow.now()
         for e in found.episodes:
             if e.lease_held and not any(h.holder == e.holder for h in self.s.holders):

@@ -106,6 +106,7 @@ class GuardState(BaseModel):
     forced: GateRelease | None = None
     policy_changes: list[str] = Field(default_factory=list, description="Who changed the guard's policy, and when (10).")
     relearned: bool = False
+    relearn_error: str = ""  # why the running episodes are not known yet (no lease meanwhile)
 
 
 class GuardInput(BaseModel):

@@ -82,6 +82,8 @@ class FakeFleet:
     history_limit: int | None = None
     fleet_size: int | None = None  # what kube.fleet_size answers; None: the nodes added
     events: list[c.EventRequest] = field(default_factory=list)
+    holder_check_delay: float = 0.0  # how long guard.live_holders takes (a slow server)
+    episodes_unlisted: bool = False  # guard.running_episodes fails (visibility down)
 
     def add(self, node: FakeNode) -> FakeNode:
         self.nodes[node.name] = node
@@ -242,12 +244,24 @@ class FakeFleet:
         """The controller's policy: whatever the test set on the fleet, read at each episode's start."""
         return PolicyActivities(self.policy, "test").snapshot
 
+    # --- guard: the real activities against the server, slowed or failed on demand -------------
+    @activity.defn(name=c.GUARD_LIVE_HOLDERS)
+    async def live_holders(self, req: c.LiveHoldersRequest) -> c.LiveHoldersResult:
+        await asyncio.sleep(self.holder_check_delay)
+        return await GuardActivities(self.client).live_holders(req)
+
+    @activity.defn(name=c.GUARD_RUNNING_EPISODES)
+    async def running_episodes(self, req: c.RunningEpisodesRequest) -> c.RunningEpisodesResult:
+        if self.episodes_unlisted:
+            raise RuntimeError("visibility unavailable")
+        return await GuardActivities(self.client).running_episodes(req)
+
     def activities(self) -> list:
         guard = GuardActivities(self.client)
         return [self.quarantine, self.return_to_service, self.attribute_pods, self.drain, self.reboot,
                 self.replace, self.kill, self.reset, self.validate, self.record, self.count_recent,
                 self.denylist_add, self.check_denied, self.event, self.count_fleet, guard.signal_guard,
-                guard.live_holders, guard.running_episodes, self.quarantined_nodes, self.check_node, self.kubelet_boot_id, self.gpu_pods, self.current_policy]
+                self.live_holders, self.running_episodes, self.quarantined_nodes, self.check_node, self.kubelet_boot_id, self.gpu_pods, self.current_policy]
 
     @contextlib.asynccontextmanager
     async def workers(self):

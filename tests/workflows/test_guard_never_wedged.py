@@ -63,6 +63,9 @@ async def test_a_guard_started_afresh_learns_holders_back_and_keeps_the_budget(d
             return bool((await guard.query(FleetGuard.status)).waiters)
 
         await wait_for(b_waits, timeout=15)
+        # The new guard's first holder check (about b only) outlasts its relearning (which finds a):
+        # what was not checked must not be dropped (a CI run granted b on top of a this way).
+        fleet.holder_check_delay = 2.0
         await guard.terminate("an operator terminated the guard")
         # b re-sends its request: the guard starts afresh and learns a (holding) and b (waiting) back.
 
@@ -74,8 +77,47 @@ async def test_a_guard_started_afresh_learns_holders_back_and_keeps_the_budget(d
             return any(h.node == a.name for h in st.holders)
 
         await wait_for(relearnt, timeout=30)
-        await asyncio.sleep(1.5)
+        await asyncio.sleep(3.5)  # past the slow check
         assert "kube.drain" not in b.calls, "the new guard must not grant b on top of a's lease"
+        assert any(h.node == a.name for h in (await guard_status(fleet)).holders)
+        fleet.holder_check_delay = 0.0
+        a.hold.set()
+        ra, rb = await asyncio.wait_for(asyncio.gather(ha.result(), hb.result()), 60)
+    assert (ra.outcome, rb.outcome) == ("returned", "returned")
+
+
+async def test_a_guard_that_cannot_list_episodes_grants_nothing_and_says_why(dev_env, uniq):
+    policy = quick_policy()
+    policy.guard.max_disruptive = 1
+    fleet = fleet_of(dev_env, uniq, policy)
+    a = fleet.add(FakeNode(f"a-{uniq}", [xid(48)], cured_by="reset", hold=asyncio.Event()))
+    b = fleet.add(FakeNode(f"b-{uniq}", [xid(48)], cured_by="reset"))
+    async with fleet.workers():
+        ha = await fleet.report(a.name)
+        await wait_for(lambda: _async("kube.drain" in a.calls), timeout=15)
+        guard = dev_env.client.get_workflow_handle(guard_workflow_id(fleet.cluster))
+        fleet.episodes_unlisted = True
+        await guard.terminate("an operator terminated the guard")
+        hb = await fleet.report(b.name)  # starts a guard afresh, which cannot learn a back
+
+        async def says_why() -> bool:
+            try:
+                st = await guard_status(fleet)
+            except Exception:  # noqa: BLE001 - not started again yet
+                return False
+            return any("learning the lease holders back" in w.reason and "visibility unavailable" in w.reason
+                       for w in st.waiting)
+
+        await wait_for(says_why, timeout=30)
+        await asyncio.sleep(1.5)  # three more failed rounds at 0.5 s
+        assert "kube.drain" not in b.calls, "holders unknown: no lease, not even one"
+        fleet.episodes_unlisted = False
+
+        async def a_known() -> bool:
+            return any(h.node == a.name for h in (await guard_status(fleet)).holders)
+
+        await wait_for(a_known, timeout=15)
+        assert "kube.drain" not in b.calls
         a.hold.set()
         ra, rb = await asyncio.wait_for(asyncio.gather(ha.result(), hb.result()), 60)
     assert (ra.outcome, rb.outcome) == ("returned", "returned")
