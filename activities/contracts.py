@@ -47,6 +47,26 @@ def node_task_queue(node: str) -> str:
     return f"node/{node}"
 
 
+# Workflow types and ids, named once (activities never import workflows: they start, list and
+# signal these by name).
+EPISODE_WORKFLOW = "NodeRemediation"
+GUARD_WORKFLOW = "FleetGuard"
+ADMISSION_WORKFLOW = "NodeAdmission"
+
+
+def remediation_workflow_id(node: str) -> str:
+    """One episode per unhealthy spell of a node; the next spell reuses the id."""
+    return f"remediate/{node}"
+
+
+def guard_workflow_id(cluster: str) -> str:
+    return f"fleet-guard/{cluster}"
+
+
+def admission_workflow_id(node: str) -> str:
+    return f"admit/{node}"
+
+
 class _Request(BaseModel):
     node: str
     dry_run: bool = Field(default=False, description="Record what would be done; change nothing.")
@@ -245,12 +265,6 @@ class CheckDeniedResult(BaseModel):
 
 
 # --- fleet guard --------------------------------------------------------------------------------
-class LeaseRequest(BaseModel):
-    cluster: str
-    holder: str = Field(description="Workflow id of the requester; the grant is signalled to it.")
-    node: str
-
-
 class GuardSignalRequest(BaseModel):
     """Signal-with-start to `fleet-guard/<cluster>`: the guard is started on first need."""
 

@@ -11,10 +11,6 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities import contracts as c
 
-# Activities never import workflows: the guard is named by its registered name and id scheme.
-GUARD_WORKFLOW = "FleetGuard"
-EPISODE_WORKFLOW = "NodeRemediation"
-
 
 class GuardActivities:
     def __init__(self, client: Client):
@@ -25,9 +21,9 @@ class GuardActivities:
         # USE_EXISTING makes this idempotent: a retry signals the running guard again, and the
         # guard's handlers dedupe by holder.
         await self.client.start_workflow(
-            GUARD_WORKFLOW,
+            c.GUARD_WORKFLOW,
             {"cluster": req.cluster, "policy": req.guard.model_dump(mode="json")},
-            id=f"fleet-guard/{req.cluster}",
+            id=c.guard_workflow_id(req.cluster),
             task_queue=req.task_queue,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             start_signal=req.signal,
@@ -54,7 +50,7 @@ class GuardActivities:
         """Running NodeRemediation episodes of one cluster, from visibility and each one's status."""
         seen = []
         try:
-            async for w in self.client.list_workflows(f'WorkflowType = "{EPISODE_WORKFLOW}" AND ExecutionStatus = "Running"'):
+            async for w in self.client.list_workflows(f'WorkflowType = "{c.EPISODE_WORKFLOW}" AND ExecutionStatus = "Running"'):
                 try:
                     st = await self.client.get_workflow_handle(w.id, run_id=w.run_id).query(
                         "status", rpc_timeout=timedelta(seconds=10))

@@ -12,7 +12,6 @@ from policies.model import Attribution, Generation, Policy, Rung
 
 Severity = Literal["info", "warning", "fatal"]
 _SEVERITY_ORDER = {"info": 0, "warning": 1, "fatal": 2}
-_RUNG_ORDER = {r: i for i, r in enumerate(Rung)}
 
 
 class Verdict(BaseModel):
@@ -91,11 +90,11 @@ def classify(findings: list[Finding], generation: Generation, policy: Policy) ->
     if not acted:
         return Triage(verdicts=verdicts, reason="no finding needs action" if verdicts else "healthy",
                       severity=max((v.severity for v in verdicts), key=_SEVERITY_ORDER.get, default="info"))
-    top = max(acted, key=lambda v: (_RUNG_ORDER[v.rung], _SEVERITY_ORDER[v.severity]))
+    top = max(acted, key=lambda v: (v.rung.rank, _SEVERITY_ORDER[v.severity]))
     platform = [v for v in acted if v.attribution == "platform"]
     attribution: Attribution = "platform" if platform else "application"
     if attribution == "platform" and top.attribution == "application":
-        top = max(platform, key=lambda v: (_RUNG_ORDER[v.rung], _SEVERITY_ORDER[v.severity]))
+        top = max(platform, key=lambda v: (v.rung.rank, _SEVERITY_ORDER[v.severity]))
     start = top.rung
     if attribution == "platform" and start is Rung.KILL:
         # A platform fault whose NVIDIA action is "restart the app" (Xid 8, 32, 94) still takes the

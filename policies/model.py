@@ -25,10 +25,19 @@ class Rung(StrEnum):
         """Disruptive rungs take the node's work away and need a lease from the fleet guard."""
         return self is not Rung.KILL
 
+    @property
+    def rank(self) -> int:
+        """Place on the ladder, mildest 0: the one order every module compares rungs by."""
+        return list(Rung).index(self)
+
     def above(self) -> Rung | None:
         order = list(Rung)
-        i = order.index(self)
-        return order[i + 1] if i + 1 < len(order) else None
+        return order[self.rank + 1] if self.rank + 1 < len(order) else None
+
+    @staticmethod
+    def cures(rung: str, lowest: str) -> bool:
+        """Whether `rung` is at or above `lowest`, the lowest rung that clears a fault ("none": no rung does)."""
+        return lowest != "none" and Rung(rung).rank >= Rung(lowest).rank
 
 
 class Generation(StrEnum):

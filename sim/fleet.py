@@ -23,7 +23,7 @@ from temporalio.worker import Worker
 
 from activities import contracts as c
 from activities.cloud import REBOOT_KEY_TAG, REBOOT_STATE_TAG, CloudActivities
-from activities.contracts import node_task_queue
+from activities.contracts import node_task_queue, remediation_workflow_id
 from activities.guard import GuardActivities
 from activities.kube import KubeActivities
 from activities.ledger import LedgerActivities, SqliteLedger
@@ -32,17 +32,15 @@ from activities.policy import PolicyActivities
 from health.nics import NicExpectation
 from health.runner import ProbeConfig
 from policies.findings import Finding
-from policies.model import Policy
+from policies.model import Policy, Rung
 from sim.fake_kube import FakeKubeServer
 from sim.nvml import SimulatedNvml
 from sim.scenario import Fault, Scenario
 from sim.sysfs import PORT_UP, write_ib_ports
 from workers.agent import Agent, AgentConfig
 from workers.controller import controller_activities, controller_worker
-from workflows.node_remediation import remediation_workflow_id
 
 log = logging.getLogger("gpuheal.sim")
-CURE_ORDER = {"kill": 0, "reset": 1, "reboot": 2, "replace": 3, "none": 99}
 PORT_DOWN = ("1: DOWN", "2: Polling", "400 Gb/sec (4X NDR)")
 
 
@@ -132,7 +130,7 @@ class SimHost:
             await self.worker.shutdown()
 
     def acted_on(self, rung: str) -> None:
-        if self.fault is not None and self.injected and CURE_ORDER[rung] >= CURE_ORDER[self.fault.cured_by]:
+        if self.fault is not None and self.injected and Rung.cures(rung, self.fault.cured_by):
             self.cure()
 
     async def tick(self) -> None:

@@ -34,7 +34,7 @@ def moto_url():
     """moto's server mode on loopback; boto3 clients point at it with endpoint_url."""
     import os
 
-    from workers.simulate import moto_server
+    from sim.runner import moto_server
 
     os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
     with moto_server() as url:

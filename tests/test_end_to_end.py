@@ -17,7 +17,7 @@ from temporalio.service import RPCError
 from temporalio.worker import Worker
 
 from activities.cloud import REBOOT_KEY_TAG, REBOOT_STATE_TAG, CloudActivities
-from activities.contracts import node_task_queue
+from activities.contracts import guard_workflow_id, node_task_queue
 from activities.guard import GuardActivities
 from activities.kube import KubeActivities
 from activities.ledger import LedgerActivities, SqliteLedger
@@ -30,8 +30,10 @@ from sim.fake_kube import FakeKubeServer
 from sim.nvml import SimulatedNvml
 from workers.agent import Agent, AgentConfig
 from workers.controller import CONTROLLER_WORKFLOWS, controller_activities
-from workflows.fleet_guard import guard_workflow_id
-from workflows.node_remediation import NodeRemediation, RemediationResult
+from workflows.node_remediation import NodeRemediation
+from workflows.remediation_types import (
+    RemediationResult,
+)
 
 
 class SimHost:

@@ -16,6 +16,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
 from activities import contracts as c
+from activities.contracts import remediation_workflow_id
 from activities.node import NodeActivities
 from health.kmsg import KmsgFollower
 from health.nvml import XidWatcher
@@ -25,7 +26,6 @@ from policies.findings import Finding, HealthReport
 from policies.model import Generation, Policy
 from workers import telemetry
 from workers.reporting import fit_to_bounds, send_report, start_admission
-from workflows.node_remediation import remediation_workflow_id
 
 AGENT_VERSION = "gpuheal-agent/0.1"
 log = logging.getLogger("gpuheal.agent")

@@ -17,6 +17,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 
 from activities import contracts as c
 from activities.cloud import CloudActivities
+from activities.contracts import guard_workflow_id
 from activities.guard import GuardActivities
 from activities.kube import CLUSTER_CALL_THREADS, KubeActivities, load_core_api
 from activities.ledger import DynamoLedger, LedgerActivities, SqliteLedger
@@ -24,7 +25,7 @@ from activities.policy import PolicyActivities
 from policies.loader import default_policy
 from policies.model import GuardPolicy, Policy
 from workers.condition_watcher import ConditionRule, ConditionWatcher, WatcherConfig
-from workflows.fleet_guard import FleetGuard, guard_workflow_id
+from workflows.fleet_guard import FleetGuard
 from workflows.node_admission import NodeAdmission
 from workflows.node_remediation import NodeRemediation
 

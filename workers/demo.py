@@ -13,54 +13,9 @@ from pathlib import Path
 
 from sim.fleet import SimulatedFleet
 from workers import telemetry
-from workflows.node_remediation import NodeRemediation, remediation_workflow_id
 
 STATE = Path(".gpuheal")
 LOGS = STATE / "logs"
-
-
-class Progress:
-    """Each faulty node's stage. On a terminal the table redraws in place; piped, one line per change."""
-
-    def __init__(self, out=None):
-        self.out = out or sys.stdout
-        self.tty = self.out.isatty()
-        self.rows: dict[str, str] = {}
-        self.drawn = 0
-        self.shown = 0.0
-
-    async def __call__(self, fleet: SimulatedFleet) -> None:
-        now = asyncio.get_running_loop().time()
-        if now - self.shown < 1.0:
-            return
-        self.shown = now
-        rows = {}
-        for host in fleet.hosts.values():
-            if not host.injected:
-                continue
-            try:
-                st = await fleet.temporal.get_workflow_handle(remediation_workflow_id(host.name)).query(
-                    NodeRemediation.status)
-                rung = st.next_rung.value if st.next_rung else "-"
-                last = st.actions[-1].summary[:60] if st.actions else ""
-                rows[host.name] = (f"{st.stage.value:<18} rung {rung:<8} {(st.outcome.value if st.outcome else ''):<12} "
-                                   f"{last}")
-            except Exception:  # noqa: BLE001 - the episode has not started yet
-                rows[host.name] = "fault injected, report on its way"
-        if self.tty:
-            self._redraw(rows)
-        else:
-            for node, row in rows.items():
-                if self.rows.get(node) != row:
-                    print(f"  {node:<12} {row}", file=self.out, flush=True)
-        self.rows = rows
-
-    def _redraw(self, rows: dict[str, str]) -> None:
-        lines = ["-- live --", *(f"  {n:<12} {r}" for n, r in rows.items())]
-        up = f"\x1b[{self.drawn}F" if self.drawn else ""
-        self.out.write(up + "".join(f"\x1b[2K{line}\n" for line in lines))
-        self.out.flush()
-        self.drawn = len(lines)
 
 
 @contextlib.contextmanager

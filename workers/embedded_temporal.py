@@ -9,7 +9,9 @@ from pathlib import Path
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
 from temporalio.client import Client
 
-from workflows.node_remediation import SEARCH_ATTRIBUTES
+from workflows.remediation_types import (
+    SEARCH_ATTRIBUTES,
+)
 
 
 def binary(name: str) -> str:

@@ -13,10 +13,15 @@ from temporalio.client import Client, RPCTimeoutOrCancelledError, WorkflowExecut
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities import contracts as c
+from activities.contracts import guard_workflow_id, remediation_workflow_id
 from policies.findings import Finding, HealthReport
 from workers.reporting import send_report
-from workflows.fleet_guard import FleetGuard, GateRelease, guard_workflow_id
-from workflows.node_remediation import NodeRemediation, RemediationStatus, remediation_workflow_id
+from workflows.fleet_guard import FleetGuard
+from workflows.guard_types import GateRelease
+from workflows.node_remediation import NodeRemediation
+from workflows.remediation_types import (
+    RemediationStatus,
+)
 
 
 class OperatorError(Exception):

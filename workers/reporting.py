@@ -6,15 +6,15 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy
 
 from activities import contracts as c
+from activities.contracts import remediation_workflow_id
 from policies.findings import Finding, HealthReport
 from policies.model import Generation
-from workflows.node_remediation import (
+from workflows.node_remediation import NodeRemediation
+from workflows.remediation_types import (
     SA_NODE,
     SA_STAGE,
-    NodeRemediation,
     RemediationInput,
     Stage,
-    remediation_workflow_id,
 )
 from workflows.report_intake import MAX_REPORT_FINDINGS, report_bounds_problem
 
@@ -83,7 +83,8 @@ async def start_admission(client: Client, *, node: str, hardware_ids: list[str],
     from temporalio.common import WorkflowIDReusePolicy
     from temporalio.exceptions import WorkflowAlreadyStartedError
 
-    from workflows.node_admission import AdmissionInput, NodeAdmission, admission_workflow_id
+    from activities.contracts import admission_workflow_id
+    from workflows.node_admission import AdmissionInput, NodeAdmission
 
     try:
         await client.start_workflow(

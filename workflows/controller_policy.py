@@ -6,10 +6,10 @@ from __future__ import annotations
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
     from activities import contracts as c
+    from workflows.calls import call
 
 # workflow.patched id: histories from before took the policy from their input.
 PATCH_CONTROLLER_POLICY = "controller-policy"
@@ -20,10 +20,9 @@ def controller_policy_applies() -> bool:
 
 
 async def take_controller_policy(node: str) -> c.PolicySnapshot:
-    return await workflow.execute_local_activity(
-        c.POLICY_CURRENT, c.PolicyRequest(node=node), result_type=c.PolicySnapshot,
-        start_to_close_timeout=timedelta(seconds=10), retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)))
-
+    """Retried until the controller answers: an episode must not act on a policy it was not given."""
+    return await call(c.POLICY_CURRENT, c.PolicyRequest(node=node), c.PolicySnapshot, summary="the controller's policy",
+                      timeout=timedelta(seconds=10), max_interval=timedelta(seconds=10), local=True)
 
 
 def ignored_fields(inp, trusted: dict) -> list[str]:

@@ -8,44 +8,43 @@ is reconciled with the running episodes and the nodes' taints on every holder ch
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, FailureError
+from temporalio.exceptions import FailureError
 
 from workflows import metrics
 
 with workflow.unsafe.imports_passed_through():
     from activities import contracts as c
-    from policies.model import GuardPolicy, resolve_limit
-    from workflows.guard_types import (  # noqa: F401 - re-exported: callers import them from here
+    from policies.model import GuardPolicy
+    from workflows.guard_books import GuardBooks
+    from workflows.guard_types import (
         CANARY_FAILED,
         CANARY_PROVEN,
-        GUARD_SIGNAL_FAULT,
-        GUARD_SIGNAL_RELEASE,
-        GUARD_SIGNAL_REQUEST,
-        HOLDER_SIGNAL_GRANTED,
-        HOLDER_SIGNAL_QUARANTINE,
         LEFT_QUARANTINE,
-        MAX_DEFERRED_KEPT,
         PATCH_GUARD_NEVER_WEDGED,
-        FaultNotice,
         GateRelease,
         GuardInput,
         GuardState,
         GuardStatus,
         Lease,
+        Waiting,
+    )
+    from workflows.lease import (
+        GUARD_SIGNAL_FAULT,
+        GUARD_SIGNAL_RELEASE,
+        GUARD_SIGNAL_REQUEST,
+        HOLDER_SIGNAL_GRANTED,
+        FaultNotice,
         LeaseGrant,
         LeaseRelease,
+        LeaseRequest,
         QuarantineAnswer,
-        Waiting,
-        guard_workflow_id,
     )
 
 
-@workflow.defn(name="FleetGuard")
-class FleetGuard:
+@workflow.defn(name=c.GUARD_WORKFLOW)
+class FleetGuard(GuardBooks):
     @workflow.init
     def __init__(self, inp: GuardInput) -> None:
         self.inp = inp
@@ -60,7 +59,7 @@ class FleetGuard:
 
     # --- handlers ------------------------------------------------------------------------------
     @workflow.signal(name=GUARD_SIGNAL_REQUEST)
-    def request(self, req: c.LeaseRequest) -> None:
+    def request(self, req: LeaseRequest) -> None:
         if any(h.holder == req.holder for h in self.s.holders):
             # A holder asking again (after continue-as-new, say) gets its grant again.
             self._regrant.add(req.holder)
@@ -186,45 +185,6 @@ class FleetGuard:
             except TimeoutError:
                 pass
 
-    def _new(self) -> bool:
-        return self._never_wedged
-
-    def _limit(self) -> int:
-        return resolve_limit(self.policy.max_disruptive, self.s.fleet_size)
-
-    def _max_unhealthy(self) -> int | None:
-        # Until the fleet has been counted, a percentage means nothing: only the lease budget holds.
-        return resolve_limit(self.policy.max_unhealthy, self.s.fleet_size) if self.s.fleet_size else None
-
-    def _gate(self) -> str | None:
-        """Why new leases stop (before never-wedged) or trickle (since): the breaker or max_unhealthy."""
-        if self.s.breaker_open:
-            return self.s.breaker_reason
-        limit = self._max_unhealthy()
-        if limit is not None and len(self.s.unhealthy) > limit:
-            return f"{len(self.s.unhealthy)} nodes unhealthy, above max_unhealthy {self.policy.max_unhealthy}"
-        return None
-
-    def _forced(self) -> bool:
-        f = self.s.forced
-        return f is not None and (f.leases > 0 or (f.until is not None and workflow.now() < f.until))
-
-    def _budget(self) -> int:
-        """Leases that may be held now."""
-        limit = self._limit()
-        if self._forced():
-            return limit
-        if self.s.paused:
-            return 0
-        if not self._new():
-            return 0 if self._gate() else limit
-        if self._gate() and not self.policy.canary:
-            return 0
-        return min(limit, self.s.canary_budget) if self.s.canary_budget else limit
-
-    def _learning(self) -> bool:
-        return self._relearning is not None and not self._relearning.done()
-
     def _waiter_reason(self) -> str:
         if self.s.paused and not self._forced():
             return f"paused: {self.s.pause_reason}"
@@ -265,216 +225,6 @@ class FleetGuard:
         except FailureError:
             # The holder is gone (completed or terminated): its slot goes back to the budget.
             self._drop_holder(holder)
-
-    def _drop_holder(self, holder: str) -> None:
-        self.s.holders = [h for h in self.s.holders if h.holder != holder]
-        self.s.waiters = [w for w in self.s.waiters if w.holder != holder]
-        self.s.waiting_since.pop(holder, None)
-        self._wake = True
-
-    # --- quarantine admission -------------------------------------------------------------------
-    async def _admit(self) -> None:
-        """Deferred faults first (oldest first), then new ones: admitted while at most max_unhealthy
-        nodes are quarantined, else deferred, each told once."""
-        if not self._new():
-            return
-        now, new = workflow.now(), self.s.admissions
-        self.s.admissions = []
-        for n in new:
-            if self.s.unhealthy.get(n.node) != n.holder and not any(d.holder == n.holder for d in self.s.deferred):
-                self.s.fault_times.append(now)  # counts toward the storm, admitted or not
-        still: list[Waiting] = []
-        for w in [*self.s.deferred, *(Waiting(holder=n.holder, node=n.node, since=now) for n in new)]:
-            if any(x.holder == w.holder for x in still):
-                continue
-            if self._room_for(w.node):
-                self.s.unhealthy[w.node] = w.holder
-                self._answers.append((w.holder, QuarantineAnswer(admitted=True)))
-                continue
-            if not w.reason:
-                w = w.model_copy(update={"reason": f"quarantine deferred: {len(self.s.unhealthy)} nodes quarantined, "
-                                                   f"max_unhealthy {self.policy.max_unhealthy}"})
-                self._answers.append((w.holder, QuarantineAnswer(admitted=False, reason=w.reason)))
-            still.append(w)
-        self.s.deferred = still[:MAX_DEFERRED_KEPT]
-
-    def _room_for(self, node: str) -> bool:
-        limit = self._max_unhealthy()
-        return (node in self.s.unhealthy or not self.policy.defer_quarantine or limit is None
-                or len(self.s.unhealthy) < limit)
-
-    async def _answer(self) -> None:
-        answers, self._answers = self._answers, []
-        for holder, answer in answers:
-            try:
-                await workflow.get_external_workflow_handle(holder).signal(HOLDER_SIGNAL_QUARANTINE, answer)
-            except FailureError:
-                self.s.unhealthy = {n: h for n, h in self.s.unhealthy.items() if h != holder}
-                self.s.deferred = [d for d in self.s.deferred if d.holder != holder]
-
-    # --- canaries -------------------------------------------------------------------------------
-    def _update_canary(self) -> None:
-        if not self._new() or not self.policy.canary:
-            return
-        gate = self._gate()
-        if gate and not self.s.canary_budget:
-            self.s.canary_budget = 1
-            workflow.logger.warning("guard %s: canary trickle, one lease at a time: %s", self.inp.cluster, gate)
-        elif not gate and self.s.canary_budget >= self._limit():
-            self.s.canary_budget = 0  # recovered: the whole budget again
-
-    def _canary_proven(self, node: str) -> None:
-        self.s.canary_budget = min(self._limit(), max(1, self.s.canary_budget) * 2) if self.s.canary_budget else 0
-        self.s.canary_history = [*self.s.canary_history, f"proven: {node}"][-32:]
-        self.s.alarm = ""
-        self._wake = True
-
-    def _canary_failed(self, node: str, outcome: str) -> None:
-        self.s.canary_budget = 1
-        self.s.canary_history = [*self.s.canary_history, f"failed: {node} ({outcome})"][-32:]
-        self.s.alarm = f"canary {node} ended {outcome}: leases stay one at a time"
-        self.s.pending_alarm_event = self.s.alarm
-        workflow.metric_meter().create_counter(
-            "gpuheal_guard_canary_failures", "canary remediations that did not come back").add(1, {"cluster": self.inp.cluster})
-        self._wake = True
-
-    # --- breaker ---------------------------------------------------------------------------------
-    def _update_breaker(self) -> None:
-        p, now = self.policy, workflow.now()
-        self.s.fault_times = [t for t in self.s.fault_times if now - t < p.storm_window]
-        storm = len(self.s.fault_times) > p.storm_faults
-        if storm:
-            self.s.calm_since = None
-            if not self.s.breaker_open:
-                self.s.breaker_open, self.s.breaker_opened_at = True, now
-                self.s.breaker_reason = (
-                    f"storm: {len(self.s.fault_times)} new faults within {p.storm_window}, above {p.storm_faults}"
-                )
-                self.s.trips += 1
-                self.s.pending_storm_event = self.s.breaker_reason
-                workflow.metric_meter().create_counter(
-                    "gpuheal_storm_breaker_trips", "times the storm breaker opened").add(1, {"cluster": self.inp.cluster})
-                workflow.logger.warning("storm breaker open: %s", self.s.breaker_reason)
-        elif self.s.breaker_open:
-            self.s.calm_since = self.s.calm_since or now
-            if now - self.s.calm_since >= p.storm_cooldown:
-                self._close_breaker(f"fault rate below threshold for {p.storm_cooldown}")
-
-    def _close_breaker(self, why: str) -> None:
-        workflow.logger.info("storm breaker closed: %s", why)
-        self.s.breaker_open, self.s.breaker_reason, self.s.calm_since = False, "", None
-
-    def _next_deadline(self) -> timedelta:
-        p, now = self.policy, workflow.now()
-        waits = [p.holder_check_interval]
-        if self.s.breaker_open and self.s.calm_since is not None:
-            waits.append(p.storm_cooldown - (now - self.s.calm_since))
-        if self.s.fault_times:
-            waits.append(p.storm_window - (now - self.s.fault_times[0]))
-        if self.s.forced is not None and self.s.forced.until is not None and now < self.s.forced.until:
-            waits.append(self.s.forced.until - now)
-        return max(min(waits), timedelta(seconds=1))
-
-    # --- the cluster and the episodes, as they are ----------------------------------------------
-    async def _count_fleet_if_due(self) -> None:
-        """Percent limits need the fleet's size: counted from the cluster, not taken from a constant."""
-        now, every = workflow.now(), self.policy.holder_check_interval
-        if self.s.last_fleet_count and now - self.s.last_fleet_count < every:
-            return
-        self.s.last_fleet_count = now
-        try:
-            self.s.fleet_size = await workflow.execute_activity(
-                c.KUBE_FLEET_SIZE, result_type=int, start_to_close_timeout=timedelta(seconds=30),
-                retry_policy=RetryPolicy(maximum_attempts=3), summary=f"count GPU nodes in {self.inp.cluster}")
-        except ActivityError:
-            workflow.logger.warning("fleet size unknown: keeping %d", self.s.fleet_size)
-
-    async def _announce(self) -> None:
-        """Warning events people see in `kubectl get events`: once per breaker trip and per failed canary."""
-        for attr, reason, prefix in (("pending_storm_event", "GpuRemediationStorm", "disruptive remediation paused"),
-                                     ("pending_alarm_event", "GpuRemediationCanaryFailed", "canary failed")):
-            message = getattr(self.s, attr)
-            if message is None:
-                continue
-            setattr(self.s, attr, None)
-            node = next(iter(sorted(self.s.unhealthy)), self.inp.cluster)
-            try:
-                await workflow.execute_activity(
-                    c.KUBE_EVENT, c.EventRequest(node=node, reason=reason, type="Warning",
-                                                 message=f"{prefix} in {self.inp.cluster}: {message}"),
-                    start_to_close_timeout=timedelta(seconds=30), retry_policy=RetryPolicy(maximum_attempts=3),
-                    summary=f"warn: {prefix}")
-            except ActivityError:
-                workflow.logger.warning("could not emit the %s event", reason)
-
-    async def _check_holders_if_due(self) -> None:
-        """Holders, waiters and quarantined nodes whose episode is gone must not count forever: a
-        node stays unhealthy only while its episode runs or it still carries gpuheal's taint."""
-        now, p = workflow.now(), self.policy
-        new = self._new()
-        if not self.s.holders and not (new and (self.s.unhealthy or self.s.waiters or self.s.deferred)):
-            return
-        if self.s.last_holder_check and now - self.s.last_holder_check < p.holder_check_interval:
-            return
-        self.s.last_holder_check = now
-        ids = {h.holder for h in self.s.holders}
-        if new:
-            ids |= {w.holder for w in self.s.waiters} | {h for h in self.s.unhealthy.values() if h}
-            ids |= {d.holder for d in self.s.deferred}
-        live = await workflow.execute_activity(
-            c.GUARD_LIVE_HOLDERS, c.LiveHoldersRequest(holders=sorted(ids)), result_type=c.LiveHoldersResult,
-            start_to_close_timeout=timedelta(seconds=30), summary=f"check {len(ids)} lease holders still run",
-        )
-        # Only what was checked can be gone: holders learnt back, requests and faults that arrived
-        # while the activity ran were not asked about.
-        gone = ids - set(live.running)
-        for h in [h.holder for h in self.s.holders if h.holder in gone]:
-            self._drop_holder(h)
-        if not new:
-            return
-        for w in [w.holder for w in self.s.waiters if w.holder in gone]:
-            self._drop_holder(w)
-        self.s.deferred = [d for d in self.s.deferred if d.holder not in gone]
-        try:
-            tainted = set(await workflow.execute_activity(
-                c.KUBE_QUARANTINED_NODES, result_type=list[str], start_to_close_timeout=timedelta(seconds=30),
-                retry_policy=RetryPolicy(maximum_attempts=3), summary=f"list quarantined nodes in {self.inp.cluster}"))
-        except ActivityError:
-            return  # the API cannot say: keep what is known rather than forget a quarantined node
-        kept = {n: h for n, h in self.s.unhealthy.items() if (h and h not in gone) or n in tainted}
-        self.s.unhealthy = kept | {n: "" for n in sorted(tainted) if n not in kept}
-        self._wake = True
-
-    async def _relearn(self) -> None:
-        """A guard started afresh (terminated and started again) learns the episodes that hold a
-        lease, wait for one, or keep a node quarantined, before it grants anything. Holders unknown
-        means no lease at all (one could exceed the budget): it asks again every
-        holder_check_interval, the reason shows in `gpuheal guard`, and `resume --force` still works."""
-        while True:
-            try:
-                found = await workflow.execute_activity(
-                    c.GUARD_RUNNING_EPISODES, c.RunningEpisodesRequest(cluster=self.inp.cluster),
-                    result_type=c.RunningEpisodesResult, start_to_close_timeout=timedelta(minutes=2),
-                    retry_policy=RetryPolicy(maximum_attempts=3), summary="learn running episodes back")
-                break
-            except ActivityError as err:
-                self.s.relearn_error = str(err.cause or err)[:300]
-                workflow.logger.warning("guard %s: running episodes unknown, no lease yet: %s",
-                                        self.inp.cluster, self.s.relearn_error)
-                self._wake = True
-                await workflow.sleep(self.policy.holder_check_interval, summary="ask for running episodes again")
-        self.s.relearn_error = ""
-        now = workflow.now()
-        for e in found.episodes:
-            if e.lease_held and not any(h.holder == e.holder for h in self.s.holders):
-                self.s.holders.append(Lease(holder=e.holder, node=e.node, since=now))
-            elif e.lease_requested and not any(w.holder == e.holder for w in self.s.waiters):
-                self.s.waiters.append(c.LeaseRequest(cluster=self.inp.cluster, holder=e.holder, node=e.node))
-                self.s.waiting_since[e.holder] = now
-            if e.quarantined:
-                self.s.unhealthy.setdefault(e.node, e.holder)
-        self.s.relearned = found.known
-        self._wake = True
 
     def _details(self) -> str:
         s = self.s

@@ -7,14 +7,9 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field
 
-from activities import contracts as c
 from policies.model import GuardPolicy
+from workflows.lease import FaultNotice, LeaseRequest
 
-GUARD_SIGNAL_FAULT = "fault"
-GUARD_SIGNAL_REQUEST = "request"
-GUARD_SIGNAL_RELEASE = "release"
-HOLDER_SIGNAL_GRANTED = "lease_granted"
-HOLDER_SIGNAL_QUARANTINE = "quarantine_answer"
 # workflow.patched id: canary trickle, quarantine admission, reconciliation, policy updates.
 PATCH_GUARD_NEVER_WEDGED = "guard-never-wedged"
 MAX_DEFERRED_KEPT = 1000
@@ -23,37 +18,6 @@ CANARY_PROVEN = frozenset({"validated", "returned", "replaced"})
 CANARY_FAILED = frozenset({"quarantined", "failed", "awaiting_approval"})
 # Endings after which the node is not quarantined by gpuheal any more.
 LEFT_QUARANTINE = frozenset({"validated", "returned", "replaced", "healthy", "rejected", "dry_run"})
-
-
-def guard_workflow_id(cluster: str) -> str:
-    return f"fleet-guard/{cluster}"
-
-
-class FaultNotice(BaseModel):
-    """A node entered quarantine (counts toward the storm breaker and the unhealthy limit), or asks
-    to (`admission`): the guard answers on HOLDER_SIGNAL_QUARANTINE, at once or once there is room."""
-
-    node: str
-    holder: str
-    fault_class: str | None = None
-    healthy: bool = Field(default=False, description="True: the node left quarantine (returned or replaced).")
-    admission: bool = Field(default=False, description="Asks before cordoning: admitted, or deferred with a reason.")
-
-
-class QuarantineAnswer(BaseModel):
-    admitted: bool
-    reason: str = ""
-
-
-class LeaseRelease(BaseModel):
-    holder: str
-    node: str = ""
-    outcome: str | None = Field(default=None, description="How the episode ended, or 'validated' at return to service.")
-
-
-class LeaseGrant(BaseModel):
-    holder: str
-    granted_at: datetime
 
 
 class Lease(BaseModel):
@@ -80,7 +44,7 @@ class GateRelease(BaseModel):
 
 class GuardState(BaseModel):
     holders: list[Lease] = Field(default_factory=list)
-    waiters: list[c.LeaseRequest] = Field(default_factory=list, description="First come, first served.")
+    waiters: list[LeaseRequest] = Field(default_factory=list, description="First come, first served.")
     waiting_since: dict[str, datetime] = Field(default_factory=dict, description="holder -> when it asked")
     unhealthy: dict[str, str] = Field(default_factory=dict, description="node -> holder workflow id")
     deferred: list[Waiting] = Field(default_factory=list, description="Faults waiting uncordoned for room under max_unhealthy.")

@@ -6,19 +6,14 @@ from datetime import timedelta
 
 from pydantic import BaseModel, Field
 from temporalio import workflow
-from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
     from activities import contracts as c
-    from activities.errors import NON_RETRYABLE
     from policies.model import Policy
+    from workflows.calls import call
     from workflows.controller_policy import controller_policy_applies, ignored_fields, take_controller_policy
-    from workflows.node_remediation import ActionRecord, Outcome
+    from workflows.remediation_types import ActionRecord, Outcome
     from workflows.validation import validate_twice
-
-
-def admission_workflow_id(node: str) -> str:
-    return f"admit/{node}"
 
 
 class AdmissionInput(BaseModel):
@@ -38,7 +33,7 @@ class AdmissionResult(BaseModel):
     actions: list[ActionRecord]
 
 
-@workflow.defn(name="NodeAdmission")
+@workflow.defn(name=c.ADMISSION_WORKFLOW)
 class NodeAdmission:
     @workflow.init
     def __init__(self, inp: AdmissionInput) -> None:
@@ -84,10 +79,10 @@ class NodeAdmission:
         return self._result(Outcome.HEALTHY, "validated twice; admitted", passed)
 
     async def _step(self, name: str, req: BaseModel, summary: str, result_type: type | None = None):
-        result = await workflow.execute_activity(
-            name, req, result_type=result_type, start_to_close_timeout=timedelta(minutes=2), summary=summary,
-            retry_policy=RetryPolicy(maximum_attempts=10, maximum_interval=timedelta(seconds=30),
-                                     non_retryable_error_types=NON_RETRYABLE))
+        """A step that fails after its retries fails the admission: the node keeps its unvalidated
+        taint (fail closed) and the failed workflow, with its cause, is what a person sees."""
+        result = await call(name, req, result_type, summary=summary, timeout=timedelta(minutes=2), attempts=10,
+                            max_interval=timedelta(seconds=30))
         self._record(name, summary, True)
         return result
 

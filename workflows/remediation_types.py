@@ -41,10 +41,6 @@ MAX_SEQ_SENDERS_KEPT = 32
 MAX_RUN_IDS_KEPT = 50
 
 
-def remediation_workflow_id(node: str) -> str:
-    return f"remediate/{node}"
-
-
 class Stage(StrEnum):
     TRIAGE = "triage"
     LADDER = "ladder"

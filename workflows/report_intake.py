@@ -1,10 +1,26 @@
-"""Report intake rules that need no server: which findings of a report are news to an episode."""
+"""Report intake, with no server: what a report does to an episode's state (accepted, a
+duplicate, or rejected with the reason), and which of its findings are news."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
 
+from pydantic import ValidationError
+
+from policies.classify import classify
 from policies.findings import Finding, HealthReport
+from policies.model import Generation, Policy
+from workflows.remediation_types import (
+    MAX_BOOTS_KEPT,
+    MAX_REJECTED_KEPT,
+    MAX_SEQ_SENDERS_KEPT,
+    RejectedReport,
+    RemediationState,
+    Stage,
+)
 
 MAX_EVENTS_KEPT = 256  # event ids an episode remembers (bounded: continue-as-new carries them)
 # A report's bounds, checked by the sender and again by the workflow: the episode keeps up to three
@@ -50,3 +66,66 @@ def fault_cleared(acted: list[Finding], latest: HealthReport | None) -> bool:
     if latest is None or not latest.healthy or not acted:
         return False
     return all(f.event_id is None and f.kind != "xid" for f in acted)
+
+
+def take_report(s: RemediationState, raw: Any, *, node: str, generation: Generation, policy: Policy,
+                bounded: Callable[[], bool], no_harm: Callable[[], bool]) -> str | None:
+    """Applies one report, as received, to the episode's state: the reason it was rejected, or
+    None (accepted, or a duplicate counted). Anything wrong with it is a rejection, never an
+    exception. `bounded` and `no_harm` are the workflow's patch checks, asked only where they
+    apply (the order of patch markers is part of the history)."""
+    if bounded() and (problem := report_bounds_problem(raw)) is not None:
+        return problem
+    try:
+        r = HealthReport.model_validate(raw)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(report)"
+        return f"malformed report: {where}: {first['msg']}"
+    except Exception as err:  # noqa: BLE001 - any bad input is a rejection, not a task failure
+        return f"malformed report: {type(err).__name__}"
+    if r.node != node:
+        return f"report for node {r.node!r} sent to {node!r}"
+    if r.boot_id in s.retired_boots:
+        return f"stale report from earlier boot {r.boot_id}"
+    # Sequences are per sender and boot: the agent, a condition watcher and an operator each count their own.
+    last = s.seq_by_boot.get(_seq_key(r))
+    if last is not None and r.seq <= last:
+        if s.latest and r.seq == last and r.fingerprint() == s.latest.fingerprint():
+            s.duplicates += 1
+            return None
+        return f"stale sequence {r.seq} (already have {last} from {r.source} for boot {r.boot_id})"
+    _accept(s, r, generation, policy, bounded, no_harm)
+    return None
+
+
+def _accept(s: RemediationState, r: HealthReport, generation: Generation, policy: Policy,
+            bounded: Callable[[], bool], no_harm: Callable[[], bool]) -> None:
+    if s.boot_id is not None and r.boot_id != s.boot_id:
+        s.retired_boots = [*s.retired_boots, s.boot_id][-MAX_BOOTS_KEPT:]
+        s.seq_by_boot = {k: v for k, v in s.seq_by_boot.items() if not k.endswith(f":{s.boot_id}")}
+    s.boot_id = r.boot_id
+    s.seq_by_boot[_seq_key(r)] = r.seq
+    if bounded() and len(s.seq_by_boot) > MAX_SEQ_SENDERS_KEPT:
+        # Dicts keep insertion order: the senders heard from longest ago go first.
+        s.seq_by_boot = dict(list(s.seq_by_boot.items())[-MAX_SEQ_SENDERS_KEPT:])
+    s.latest = r
+    if s.first_report is None:
+        s.first_report = r
+    seen = s.seen_events
+    if no_harm():
+        s.seen_events = remember_events(seen, new_event_ids(r, seen))
+    if s.stage in (Stage.RETURN, Stage.PROBATION) and not r.healthy and s.recurrence is None:
+        news = recurrence_findings(r, seen) if no_harm() else r.findings
+        if news and classify(news, generation, policy).actionable:
+            s.recurrence = r.model_copy(update={"findings": news}) if no_harm() else r
+
+
+def record_rejection(s: RemediationState, reason: str, raw: Any, now: datetime) -> None:
+    """Kept in `status` (the newest few, with an excerpt) and counted: a rejected report is never lost silently."""
+    s.rejected_total += 1
+    s.rejected = [*s.rejected, RejectedReport(at=now, reason=reason, excerpt=repr(raw)[:200])][-MAX_REJECTED_KEPT:]
+
+
+def _seq_key(r: HealthReport) -> str:
+    return f"{r.source}:{r.boot_id}"

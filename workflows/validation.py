@@ -6,13 +6,12 @@ from collections.abc import Callable
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, TimeoutType
-from temporalio.exceptions import TimeoutError as ActivityTimeout
+from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
     from activities import contracts as c
     from policies.model import ValidationPolicy
+    from workflows.calls import agent_gone, call
 
 # Called with (step, summary, ok, detail) so the caller keeps its own action log.
 Recorder = Callable[[str, str, bool, str], None]
@@ -22,31 +21,19 @@ class AgentMissing(Exception):
     """No agent picked a node-local task up within its schedule-to-start timeout."""
 
 
-def agent_gone(err: ActivityError) -> bool:
-    """The activity timed out waiting for a poller on node/<name>: the agent is gone, which says
-    nothing about the node's hardware."""
-    cause = err.cause
-    return isinstance(cause, ActivityTimeout) and cause.type == TimeoutType.SCHEDULE_TO_START
-
-
 async def validate_once(node: str, policy: ValidationPolicy, expected_gpus: int | None, label: str,
                         record: Recorder, dry_run: bool = False, strict_agent: bool = False) -> bool:
     """Whether the node passed; with `strict_agent`, an agent that never picked the run up raises
     AgentMissing instead of counting as a failed validation."""
     summary = f"validate {node} ({label}): fresh probes + dcgm r{policy.dcgm_level}"
     try:
-        result = await workflow.execute_activity(
+        # A dead agent never picks the task up: that is a failed validation (or AgentMissing), not a hang.
+        result = await call(
             c.NODE_VALIDATE,
             c.ValidateRequest(node=node, dcgm_level=policy.dcgm_level, dcgm_required=policy.dcgm_required,
                               expected_gpus=expected_gpus, dry_run=dry_run),
-            result_type=c.ValidationResult,
-            task_queue=c.node_task_queue(node),
-            # A dead agent never picks the task up: that is a failed validation, not a hang.
-            schedule_to_start_timeout=policy.agent_timeout,
-            start_to_close_timeout=policy.timeout,
-            retry_policy=RetryPolicy(maximum_attempts=2, non_retryable_error_types=["DependencyMissing"]),
-            summary=summary,
-        )
+            c.ValidationResult, summary=summary, timeout=policy.timeout, attempts=2,
+            task_queue=c.node_task_queue(node), schedule_to_start=policy.agent_timeout)
     except ActivityError as err:
         if strict_agent and agent_gone(err):
             record("validate", summary, False, f"agent_missing: no agent polled {c.node_task_queue(node)} "

@@ -16,13 +16,16 @@ import pytest
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
+from activities.contracts import remediation_workflow_id
 from policies.loader import policy_yaml
 from sim.fault_proxy import AwsFaultProxy
 from sim.fleet import SimulatedFleet
 from sim.scenario import load_scenario
 from tests.net import free_port
 from workers.embedded_temporal import binary, search_attribute_flags
-from workflows.node_remediation import RemediationResult, remediation_workflow_id
+from workflows.remediation_types import (
+    RemediationResult,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,10 +8,11 @@ import contextlib
 
 import pytest
 
+from activities.contracts import guard_workflow_id, remediation_workflow_id
 from sim.fleet import SimulatedFleet
 from tests.chaos.conftest import outcome, scenario
-from workflows.fleet_guard import FleetGuard, guard_workflow_id
-from workflows.node_remediation import NodeRemediation, remediation_workflow_id
+from workflows.fleet_guard import FleetGuard
+from workflows.node_remediation import NodeRemediation
 
 FAULTS = ["ecc_dbe", "xid79", "nic_ports_down", "ecc_dbe", "xid79", "ecc_dbe", "xid79", "nic_ports_down"]
 

@@ -8,9 +8,10 @@ from datetime import timedelta
 
 import pytest
 
+from activities.contracts import remediation_workflow_id
 from sim.fleet import SimulatedFleet
 from tests.chaos.conftest import outcome, scenario
-from workflows.node_remediation import NodeRemediation, remediation_workflow_id
+from workflows.node_remediation import NodeRemediation
 
 SCENARIO = """
 name: injected-failures

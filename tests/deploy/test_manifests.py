@@ -18,9 +18,11 @@ from activities import contracts as c
 from activities.kube import KubeActivities
 from policies.loader import policy_from_mapping
 from sim.fake_kube import FakeKubeServer
-from workers.cli import build_parser
+from workers.cli_parser import build_parser
 from workers.condition_watcher import ConditionRule, ConditionWatcher, WatcherConfig
-from workflows.node_remediation import SEARCH_ATTRIBUTES
+from workflows.remediation_types import (
+    SEARCH_ATTRIBUTES,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = {"Namespace": "V1Namespace", "ServiceAccount": "V1ServiceAccount", "ClusterRole": "V1ClusterRole",

@@ -12,10 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from activities.contracts import guard_workflow_id, remediation_workflow_id
 from sim.fleet import SimulatedFleet
 from sim.scenario import load_scenario
-from workflows.fleet_guard import FleetGuard, guard_workflow_id
-from workflows.node_remediation import RemediationResult, remediation_workflow_id
+from workflows.fleet_guard import FleetGuard
+from workflows.remediation_types import (
+    RemediationResult,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from workers.cli import build_parser
+from workers.cli_parser import build_parser
 from workers.cli_reference import END, START, cli_reference
 
 

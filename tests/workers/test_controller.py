@@ -17,7 +17,9 @@ from policies.loader import default_policy, policy_yaml
 from sim.fake_kube import FakeKubeServer
 from sim.nvml import SimulatedNvml
 from workers.reporting import send_report
-from workflows.node_remediation import RemediationResult
+from workflows.remediation_types import (
+    RemediationResult,
+)
 
 
 async def test_controller_process_runs_an_episode(dev_env, uniq, tmp_path):

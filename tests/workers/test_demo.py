@@ -17,7 +17,10 @@ import pytest
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from workflows.node_remediation import RemediationResult, remediation_workflow_id
+from activities.contracts import remediation_workflow_id
+from workflows.remediation_types import (
+    RemediationResult,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 ACCESS_LOG = re.compile(r'"(GET|POST|PUT|PATCH|DELETE) [^"]+ HTTP/1\.[01]" \d{3}')

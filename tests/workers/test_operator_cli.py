@@ -7,7 +7,10 @@ import sys
 
 from policies.loader import default_policy
 from tests.workflows.fakes import FakeFleet, FakeNode, xid
-from workflows.node_remediation import NodeRemediation, RemediationResult
+from workflows.node_remediation import NodeRemediation
+from workflows.remediation_types import (
+    RemediationResult,
+)
 
 
 async def cli(address: str, *argv: str) -> subprocess.CompletedProcess:
@@ -60,7 +63,10 @@ async def test_status_approve_history_report_pause(dev_env, uniq, tmp_path):
 
 async def test_status_of_an_episode_nobody_serves_ends_naming_the_queue(dev_env, uniq):
     """A query with no worker polling would wait forever: the CLI says why, within seconds."""
-    from workflows.node_remediation import RemediationInput, remediation_workflow_id
+    from activities.contracts import remediation_workflow_id
+    from workflows.remediation_types import (
+        RemediationInput,
+    )
 
     node, queue = f"orphan-{uniq}", f"nobody-{uniq}"
     handle = await dev_env.client.start_workflow(NodeRemediation.run, RemediationInput(node=node),

@@ -17,7 +17,9 @@ from tests.net import free_port
 from tests.workflows.fakes import FakeFleet, FakeNode, xid
 from workers import telemetry
 from workers.temporal_client import TemporalOptions, connect, connect_config
-from workflows.node_remediation import RemediationResult
+from workflows.remediation_types import (
+    RemediationResult,
+)
 
 
 def scrape(port: int) -> str:

@@ -6,7 +6,11 @@ from datetime import timedelta
 
 from temporalio import workflow
 
-from workflows.node_remediation import NodeRemediation, RemediationInput, RemediationResult
+from workflows.node_remediation import NodeRemediation
+from workflows.remediation_types import (
+    RemediationInput,
+    RemediationResult,
+)
 
 
 @workflow.defn(name="NodeRemediation")

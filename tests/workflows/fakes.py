@@ -17,17 +17,16 @@ from temporalio.service import RPCError
 from temporalio.worker import Worker
 
 from activities import contracts as c
+from activities.contracts import guard_workflow_id
 from activities.errors import NO_EFFECT, fail
 from activities.guard import GuardActivities
 from activities.policy import PolicyActivities
 from policies.findings import Finding, GpuIds, HealthReport
-from policies.model import Policy
+from policies.model import Policy, Rung
 from workers.reporting import send_report
-from workflows.fleet_guard import FleetGuard, guard_workflow_id
+from workflows.fleet_guard import FleetGuard
 from workflows.node_admission import NodeAdmission
 from workflows.node_remediation import NodeRemediation
-
-RUNG_ORDER = {"kill": 0, "reset": 1, "reboot": 2, "replace": 3, "none": 99}
 
 
 @dataclass
@@ -62,7 +61,7 @@ class FakeNode:
                             detected_at=datetime.now(UTC))
 
     def apply(self, rung: str) -> None:
-        if self.faulty and RUNG_ORDER[rung] >= RUNG_ORDER[self.cured_by]:
+        if self.faulty and Rung.cures(rung, self.cured_by):
             self.faulty = False
 
 

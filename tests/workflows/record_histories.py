@@ -86,8 +86,8 @@ GUARD_PATHS = {
 async def record_guard(env: WorkflowEnvironment, name: str) -> dict:
     """One FleetGuard history: episodes on the stand-in fleet, a policy update from the controller,
     then the guard terminated at the end as the tests do."""
+    from activities.contracts import guard_workflow_id
     from workers.controller import tell_guard_the_policy
-    from workflows.fleet_guard import guard_workflow_id
 
     make_policy, size, failing, options = GUARD_PATHS[name]
     u = uuid.uuid4().hex[:6]

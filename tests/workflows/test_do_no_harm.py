@@ -8,11 +8,12 @@ from datetime import timedelta
 
 import pytest
 
+from activities.contracts import guard_workflow_id
 from policies.findings import Finding
 from policies.loader import default_policy
 from tests.workflows.fakes import FakeNode, xid
 from tests.workflows.test_node_remediation import make_fleet, run_node, wait_for
-from workflows.fleet_guard import FleetGuard, guard_workflow_id
+from workflows.fleet_guard import FleetGuard
 from workflows.node_remediation import NodeRemediation
 
 

@@ -5,10 +5,11 @@ from datetime import timedelta
 
 import pytest
 
+from activities.contracts import admission_workflow_id, guard_workflow_id
 from policies.loader import default_policy
 from tests.workflows.fakes import FakeFleet, FakeNode, xid
-from workflows.fleet_guard import FleetGuard, guard_workflow_id
-from workflows.node_admission import AdmissionInput, NodeAdmission, admission_workflow_id
+from workflows.fleet_guard import FleetGuard
+from workflows.node_admission import AdmissionInput, NodeAdmission
 
 
 def fleet_for(ts_env, uniq, policy) -> FakeFleet:

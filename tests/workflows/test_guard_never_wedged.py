@@ -7,12 +7,13 @@ from __future__ import annotations
 import asyncio
 from datetime import timedelta
 
+from activities.contracts import guard_workflow_id
 from policies.loader import default_policy
 from tests.workflows.fakes import FakeFleet, FakeNode, xid
 from tests.workflows.test_node_remediation import wait_for
 from workers.controller import tell_guard_the_policy
 from workers.operator import lift_gates
-from workflows.fleet_guard import FleetGuard, guard_workflow_id
+from workflows.fleet_guard import FleetGuard
 
 
 def quick_policy():

@@ -1,10 +1,12 @@
-"""`gpuheal simulate`: run a scenario on the embedded servers and report each node's outcome."""
+"""Runs a scenario (`gpuheal simulate`, `gpuheal demo`): the embedded servers, the simulated
+fleet with the real controller and agents, each node's outcome as a table, and live progress."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import os
+import sys
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -12,14 +14,18 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
+from activities.contracts import guard_workflow_id, remediation_workflow_id
 from policies.model import Policy
 from sim.fleet import SimulatedFleet
 from sim.scenario import Scenario
 from workers import telemetry
 from workers.embedded_temporal import binary, search_attribute_flags
 from workers.temporal_client import TemporalOptions, connect
-from workflows.fleet_guard import FleetGuard, guard_workflow_id
-from workflows.node_remediation import NodeRemediation, RemediationResult, remediation_workflow_id
+from workflows.fleet_guard import FleetGuard
+from workflows.node_remediation import NodeRemediation
+from workflows.remediation_types import (
+    RemediationResult,
+)
 
 
 @contextlib.contextmanager
@@ -162,3 +168,67 @@ async def _play(scenario: Scenario, policy: Policy, client: Client, on_tick, aft
             if after is not None:
                 await after(doc, fleet)
     return doc
+
+
+def outcome_table(doc: dict) -> str:
+    lines = [f"scenario {doc['scenario']}", f"{'node':<14} {'outcome':<18} {'fault':<16} {'attribution':<12} "
+             f"{'rungs':<24} {'valid.':>6} {'cordon ms':>9} {'secs':>6}"]
+    for r in doc["nodes"]:
+        lines.append(f"{r['node']:<14} {r['outcome']:<18} {r['fault_class'] or '-':<16} {r['attribution'] or '-':<12} "
+                     f"{','.join(r['rungs']) or '-':<24} {r['validations']:>6} {r['detect_to_cordon_ms'] or '-':>9} "
+                     f"{r['duration_s']:>6}")
+    f = doc["fleet"]
+    lines.append(f"fleet: at most {f['max_disruptive_at_once']} nodes in disruptive remediation at once; storm "
+                 f"breaker {'tripped' if f['storm_paused'] else 'never tripped'}; {f['evictions']} evictions, "
+                 f"{f['evictions_breaking_budget']} breaking a budget")
+    for node, n in sorted((f.get("evictions_refused_by_pdb") or {}).items()):
+        lines.append(f"       {node}'s drain was slowed by a PodDisruptionBudget: {n} evictions refused (429), retried")
+    waiting = [r for r in doc["nodes"] if r["outcome"] == "waiting"]
+    if doc.get("deadline_passed"):
+        lines.append(f"deadline passed with {len(waiting)} nodes still waiting:")
+    lines += [f"       {r['node']} waits for {r.get('waiting', '?')}" for r in waiting]
+    return "\n".join(lines)
+
+
+class Progress:
+    """Each faulty node's stage. On a terminal the table redraws in place; piped, one line per change."""
+
+    def __init__(self, out=None):
+        self.out = out or sys.stdout
+        self.tty = self.out.isatty()
+        self.rows: dict[str, str] = {}
+        self.drawn = 0
+        self.shown = 0.0
+
+    async def __call__(self, fleet: SimulatedFleet) -> None:
+        now = asyncio.get_running_loop().time()
+        if now - self.shown < 1.0:
+            return
+        self.shown = now
+        rows = {}
+        for host in fleet.hosts.values():
+            if not host.injected:
+                continue
+            try:
+                st = await fleet.temporal.get_workflow_handle(remediation_workflow_id(host.name)).query(
+                    NodeRemediation.status)
+                rung = st.next_rung.value if st.next_rung else "-"
+                last = st.actions[-1].summary[:60] if st.actions else ""
+                rows[host.name] = (f"{st.stage.value:<18} rung {rung:<8} {(st.outcome.value if st.outcome else ''):<12} "
+                                   f"{last}")
+            except Exception:  # noqa: BLE001 - the episode has not started yet
+                rows[host.name] = "fault injected, report on its way"
+        if self.tty:
+            self._redraw(rows)
+        else:
+            for node, row in rows.items():
+                if self.rows.get(node) != row:
+                    print(f"  {node:<12} {row}", file=self.out, flush=True)
+        self.rows = rows
+
+    def _redraw(self, rows: dict[str, str]) -> None:
+        lines = ["-- live --", *(f"  {n:<12} {r}" for n, r in rows.items())]
+        up = f"\x1b[{self.drawn}F" if self.drawn else ""
+        self.out.write(up + "".join(f"\x1b[2K{line}\n" for line in lines))
+        self.out.flush()
+        self.drawn = len(lines)

@@ -1,0 +1,144 @@
+"""The gpuheal command line's flags: one parser, each command's handler in workers/cli.py."""
+
+from __future__ import annotations
+
+import argparse
+
+from activities import contracts as c
+from policies.model import Generation
+from workers import cli
+from workers.telemetry import METRICS_HELP, TRACING_HELP
+
+GENERATIONS = [g.value for g in Generation]
+
+
+def add_temporal_args(p: argparse.ArgumentParser, embedded: bool = False) -> None:
+    """The flags every command that talks to Temporal takes."""
+    g = p.add_argument_group("Temporal (flags override TEMPORAL_* env and the Temporal config file)")
+    g.add_argument("--temporal", default=None, metavar="HOST:PORT",
+                   help="an existing Temporal server (default: an embedded dev server)" if embedded
+                   else "the Temporal frontend (default: TEMPORAL_ADDRESS, else 127.0.0.1:7233)")
+    g.add_argument("--namespace", default=None, help="default: TEMPORAL_NAMESPACE, else default")
+    g.add_argument("--tls-ca", default=None, metavar="PEM", help="CA of the server's certificate; turns TLS on")
+    g.add_argument("--tls-cert", default=None, metavar="PEM", help="client certificate for mutual TLS")
+    g.add_argument("--tls-key", default=None, metavar="PEM", help="client key for mutual TLS")
+    g.add_argument("--tls-server-name", default=None, help="server name to verify, if not the address's host")
+    g.add_argument("--api-key", default=None, help="an API key (Temporal Cloud); default TEMPORAL_API_KEY")
+    g.add_argument("--metrics", default=None, help=METRICS_HELP)
+    g.add_argument("--tracing", default=None, help=TRACING_HELP)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gpuheal", description="GPU-fleet remediation on Temporal.")
+    p.add_argument("--log-level", default="WARNING")
+    p.add_argument("--log-format", default="text", choices=["text", "json"],
+                   help="json: one object a line with node and workflow id")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    policy = sub.add_parser("policy", help="policy files").add_subparsers(dest="policy_command", required=True)
+    check = policy.add_parser("check", help="validate a policy file")
+    check.add_argument("file")
+    check.add_argument("--json", action="store_true")
+    check.set_defaults(func=cli.cmd_policy_check)
+    reference = policy.add_parser("reference", help="print the policy reference (markdown) from the model's field docs")
+    reference.set_defaults(func=cli.cmd_policy_reference)
+    sub.add_parser("cli-reference", help="print this CLI reference (markdown) from the parser").set_defaults(
+        func=cli.cmd_cli_reference)
+
+    replay = sub.add_parser("replay", help="replay exported histories (*.json) against the current code")
+    replay.add_argument("dir")
+    replay.add_argument("--json", action="store_true")
+    replay.set_defaults(func=cli.cmd_replay)
+
+    probe = sub.add_parser("probe", help="run one probe here").add_subparsers(dest="probe_command", required=True)
+    kmsg = probe.add_parser("kmsg", help="classify kernel-log lines from a file (or /dev/kmsg)")
+    kmsg.add_argument("file")
+    kmsg.add_argument("--generation", default="hopper", choices=GENERATIONS)
+    kmsg.add_argument("--json", action="store_true")
+    kmsg.set_defaults(func=cli.cmd_probe_kmsg)
+    nvml = probe.add_parser("nvml", help="run the NVML probes on this host")
+    nvml.add_argument("--expected-gpus", type=int, default=None)
+    nvml.add_argument("--generation", default="hopper", choices=GENERATIONS)
+    nvml.add_argument("--json", action="store_true")
+    nvml.add_argument("--npd", action="store_true", help="node-problem-detector custom plugin protocol")
+    nvml.set_defaults(func=cli.cmd_probe_nvml)
+
+    ctl = sub.add_parser("controller", help="run the controller (workflows and cluster-side activities)")
+    add_temporal_args(ctl)
+    ctl.add_argument("--task-queue", default=c.DEFAULT_TASK_QUEUE)
+    ctl.add_argument("--kubeconfig", default=None, help="default: in-cluster config, else ~/.kube/config")
+    ctl.add_argument("--ledger", default=".gpuheal/ledger.db", help="SQLite path or dynamodb://TABLE")
+    ctl.add_argument("--gpu-node-selector", default="nvidia.com/gpu.present=true")
+    ctl.add_argument("--watch-condition", action="append", default=[], metavar="TYPE[=STATUS][:SECONDS]",
+                     help="a node condition (NPD, DCGM exporter) that means a GPU fault once held SECONDS; repeatable")
+    ctl.add_argument("--policy", default="default",
+                     help="the policy every episode acts on (episodes take it from the controller, never from a report)")
+    ctl.add_argument("--cluster", default="default")
+    ctl.set_defaults(func=cli.cmd_controller)
+
+    agent = sub.add_parser("agent", help="run the node agent on this GPU node")
+    agent.add_argument("--node", required=True)
+    add_temporal_args(agent)
+    agent.add_argument("--task-queue", default=c.DEFAULT_TASK_QUEUE)
+    agent.add_argument("--cluster", default="default")
+    agent.add_argument("--policy", default="default",
+                       help="for the agent's own judgement of which findings are fatal; episodes use the controller's")
+    agent.add_argument("--generation", default="hopper", choices=GENERATIONS)
+    agent.add_argument("--expected-gpus", type=int, default=8)
+    agent.add_argument("--poll-interval", type=float, default=10.0)
+    agent.add_argument("--kmsg-state", default="/var/lib/gpuheal/kmsg-position",
+                       help="file on the host keeping the kernel-log position, so a restarted agent reads on")
+    agent.set_defaults(func=cli.cmd_agent)
+
+    sim = sub.add_parser("simulate", help="run a scenario on a simulated fleet, print each node's outcome")
+    sim.add_argument("scenario")
+    sim.add_argument("--json", action="store_true")
+    add_temporal_args(sim, embedded=True)
+    sim.set_defaults(func=cli.cmd_simulate)
+
+    demo = sub.add_parser("demo", help="the whole system on this machine with the built-in scenario")
+    demo.add_argument("--keep", action="store_true", help="leave everything running until Ctrl-C")
+    add_temporal_args(demo, embedded=True)
+    demo.add_argument("--ui", default="http://localhost:8233", help="the Temporal UI of --temporal's server, for links")
+    demo.set_defaults(func=cli.cmd_demo)
+
+    def operator_cmd(name: str, help_: str, func, node: str | None = None):
+        sp = sub.add_parser(name, help=help_)
+        if node == "required":
+            sp.add_argument("node")
+        elif node == "optional":
+            sp.add_argument("node", nargs="?")
+        add_temporal_args(sp)
+        sp.add_argument("--cluster", default="default")
+        sp.add_argument("--json", action="store_true")
+        sp.set_defaults(func=func)
+        return sp
+
+    operator_cmd("status", "what is happening to a node, or every open episode", cli.cmd_status, "optional")
+    operator_cmd("history", "every episode of a node, each step with its time and result", cli.cmd_history, "required")
+    operator_cmd("approve", "approve the rung a node's episode waits on", cli.cmd_episode_update, "required")
+    operator_cmd("replace", "skip a node's episode straight to replacement", cli.cmd_episode_update, "required")
+    operator_cmd("guard", "the fleet guard: budget, leases and holders, waiters and why, gates, canaries", cli.cmd_guard)
+    operator_cmd("pause", "pause new disruptive leases in the cluster", cli.cmd_guard_update).add_argument("--reason", default="")
+    res = operator_cmd("resume", "resume disruptive leases (also closes a tripped storm breaker)", cli.cmd_guard_update)
+    res.add_argument("--force", action="store_true",
+                     help="also lift every gate (max_unhealthy, canary trickle) for --leases grants or --for a time")
+    res.add_argument("--leases", type=int, default=1, help="with --force: how many leases (default 1)")
+    res.add_argument("--for", dest="for_", default=None, metavar="DURATION", help="with --force: lift the gates this long (e.g. 30m)")
+    rep = operator_cmd("report", "report a fault by hand", cli.cmd_report, "required")
+    rep.add_argument("--xid", type=int, required=True)
+    rep.add_argument("--gpu", type=int, required=True)
+    rep.add_argument("--task-queue", default=c.DEFAULT_TASK_QUEUE)
+    _logging_flags_everywhere(sub)
+    return p
+
+
+def _logging_flags_everywhere(sub) -> None:
+    """--log-level and --log-format also after the command (`gpuheal controller --log-format json`)."""
+    for sp in sub.choices.values():
+        nested = [a for a in sp._actions if isinstance(a, argparse._SubParsersAction)]
+        if nested:
+            _logging_flags_everywhere(nested[0])
+            continue
+        sp.add_argument("--log-level", default=argparse.SUPPRESS, help="DEBUG, INFO, WARNING (default), ERROR")
+        sp.add_argument("--log-format", default=argparse.SUPPRESS, choices=["text", "json"])

@@ -1,0 +1,153 @@
+"""The fleet guard's books kept true: quarantine admitted while there is room, the fleet
+counted, and holders, waiters and unhealthy nodes reconciled with the running episodes and the
+nodes' taints; a guard started afresh learns its holders back before it grants anything."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.exceptions import FailureError
+
+with workflow.unsafe.imports_passed_through():
+    from activities import contracts as c
+    from workflows.calls import call, call_or_none
+    from workflows.guard_gates import GuardGates
+    from workflows.guard_types import MAX_DEFERRED_KEPT, Lease, Waiting
+    from workflows.lease import HOLDER_SIGNAL_QUARANTINE, LeaseRequest, QuarantineAnswer
+
+
+class GuardBooks(GuardGates):
+    _relearning: object
+    _answers: list
+
+    def _learning(self) -> bool:
+        return self._relearning is not None and not self._relearning.done()
+
+
+    def _drop_holder(self, holder: str) -> None:
+        self.s.holders = [h for h in self.s.holders if h.holder != holder]
+        self.s.waiters = [w for w in self.s.waiters if w.holder != holder]
+        self.s.waiting_since.pop(holder, None)
+        self._wake = True
+
+    # --- quarantine admission -------------------------------------------------------------------
+    async def _admit(self) -> None:
+        """Deferred faults first (oldest first), then new ones: admitted while at most max_unhealthy
+        nodes are quarantined, else deferred, each told once."""
+        if not self._new():
+            return
+        now, new = workflow.now(), self.s.admissions
+        self.s.admissions = []
+        for n in new:
+            if self.s.unhealthy.get(n.node) != n.holder and not any(d.holder == n.holder for d in self.s.deferred):
+                self.s.fault_times.append(now)  # counts toward the storm, admitted or not
+        still: list[Waiting] = []
+        for w in [*self.s.deferred, *(Waiting(holder=n.holder, node=n.node, since=now) for n in new)]:
+            if any(x.holder == w.holder for x in still):
+                continue
+            if self._room_for(w.node):
+                self.s.unhealthy[w.node] = w.holder
+                self._answers.append((w.holder, QuarantineAnswer(admitted=True)))
+                continue
+            if not w.reason:
+                w = w.model_copy(update={"reason": f"quarantine deferred: {len(self.s.unhealthy)} nodes quarantined, "
+                                                   f"max_unhealthy {self.policy.max_unhealthy}"})
+                self._answers.append((w.holder, QuarantineAnswer(admitted=False, reason=w.reason)))
+            still.append(w)
+        self.s.deferred = still[:MAX_DEFERRED_KEPT]
+
+    def _room_for(self, node: str) -> bool:
+        limit = self._max_unhealthy()
+        return (node in self.s.unhealthy or not self.policy.defer_quarantine or limit is None
+                or len(self.s.unhealthy) < limit)
+
+    async def _answer(self) -> None:
+        answers, self._answers = self._answers, []
+        for holder, answer in answers:
+            try:
+                await workflow.get_external_workflow_handle(holder).signal(HOLDER_SIGNAL_QUARANTINE, answer)
+            except FailureError:
+                self.s.unhealthy = {n: h for n, h in self.s.unhealthy.items() if h != holder}
+                self.s.deferred = [d for d in self.s.deferred if d.holder != holder]
+
+
+    # --- the cluster and the episodes, as they are ----------------------------------------------
+    async def _count_fleet_if_due(self) -> None:
+        """Percent limits need the fleet's size: counted from the cluster, not taken from a constant."""
+        now, every = workflow.now(), self.policy.holder_check_interval
+        if self.s.last_fleet_count and now - self.s.last_fleet_count < every:
+            return
+        self.s.last_fleet_count = now
+        size = await call_or_none(lambda why: workflow.logger.warning("fleet size unknown (%s): keeping %d",
+                                                                     why, self.s.fleet_size),
+                                  c.KUBE_FLEET_SIZE, None, int, summary=f"count GPU nodes in {self.inp.cluster}",
+                                  timeout=timedelta(seconds=30), attempts=3)
+        if size is not None:
+            self.s.fleet_size = size
+
+
+    async def _check_holders_if_due(self) -> None:
+        """Holders, waiters and quarantined nodes whose episode is gone must not count forever: a
+        node stays unhealthy only while its episode runs or it still carries gpuheal's taint."""
+        now, p = workflow.now(), self.policy
+        new = self._new()
+        if not self.s.holders and not (new and (self.s.unhealthy or self.s.waiters or self.s.deferred)):
+            return
+        if self.s.last_holder_check and now - self.s.last_holder_check < p.holder_check_interval:
+            return
+        self.s.last_holder_check = now
+        ids = {h.holder for h in self.s.holders}
+        if new:
+            ids |= {w.holder for w in self.s.waiters} | {h for h in self.s.unhealthy.values() if h}
+            ids |= {d.holder for d in self.s.deferred}
+        # Retried until it works: a holder dropped on a guess could exceed the budget.
+        live = await call(c.GUARD_LIVE_HOLDERS, c.LiveHoldersRequest(holders=sorted(ids)), c.LiveHoldersResult,
+                          summary=f"check {len(ids)} lease holders still run", timeout=timedelta(seconds=30))
+        # Only what was checked can be gone: holders learnt back, requests and faults that arrived
+        # while the activity ran were not asked about.
+        gone = ids - set(live.running)
+        for h in [h.holder for h in self.s.holders if h.holder in gone]:
+            self._drop_holder(h)
+        if not new:
+            return
+        for w in [w.holder for w in self.s.waiters if w.holder in gone]:
+            self._drop_holder(w)
+        self.s.deferred = [d for d in self.s.deferred if d.holder not in gone]
+        listed = await call_or_none(lambda why: None, c.KUBE_QUARANTINED_NODES, None, list[str],
+                                    summary=f"list quarantined nodes in {self.inp.cluster}",
+                                    timeout=timedelta(seconds=30), attempts=3)
+        if listed is None:
+            return  # the API cannot say: keep what is known rather than forget a quarantined node
+        tainted = set(listed)
+        kept = {n: h for n, h in self.s.unhealthy.items() if (h and h not in gone) or n in tainted}
+        self.s.unhealthy = kept | {n: "" for n in sorted(tainted) if n not in kept}
+        self._wake = True
+
+    async def _relearn(self) -> None:
+        """A guard started afresh (terminated and started again) learns the episodes that hold a
+        lease, wait for one, or keep a node quarantined, before it grants anything. Holders unknown
+        means no lease at all (one could exceed the budget): it asks again every
+        holder_check_interval, the reason shows in `gpuheal guard`, and `resume --force` still works."""
+        def unknown(why: str) -> None:
+            self.s.relearn_error = why[:300]
+            workflow.logger.warning("guard %s: running episodes unknown, no lease yet: %s", self.inp.cluster, why)
+            self._wake = True
+
+        while (found := await call_or_none(
+                unknown, c.GUARD_RUNNING_EPISODES, c.RunningEpisodesRequest(cluster=self.inp.cluster),
+                c.RunningEpisodesResult, summary="learn running episodes back", timeout=timedelta(minutes=2),
+                attempts=3)) is None:
+            await workflow.sleep(self.policy.holder_check_interval, summary="ask for running episodes again")
+        self.s.relearn_error = ""
+        now = workflow.now()
+        for e in found.episodes:
+            if e.lease_held and not any(h.holder == e.holder for h in self.s.holders):
+                self.s.holders.append(Lease(holder=e.holder, node=e.node, since=now))
+            elif e.lease_requested and not any(w.holder == e.holder for w in self.s.waiters):
+                self.s.waiters.append(LeaseRequest(cluster=self.inp.cluster, holder=e.holder, node=e.node))
+                self.s.waiting_since[e.holder] = now
+            if e.quarantined:
+                self.s.unhealthy.setdefault(e.node, e.holder)
+        self.s.relearned = found.known
+        self._wake = True

@@ -1,0 +1,196 @@
+"""The lease between an episode and its cluster's FleetGuard: the messages both sides send, and
+the episode's side of it (ask before cordoning, take a disruption lease, give it back, tell every
+ending). The guard's side is workflows/fleet_guard.py."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from pydantic import BaseModel, Field
+from temporalio import workflow
+from temporalio.exceptions import FailureError
+
+with workflow.unsafe.imports_passed_through():
+    from activities import contracts as c
+    from workflows.episode import Episode
+    from workflows.remediation_types import Outcome
+    from workflows.report_intake import fault_cleared
+
+GUARD_SIGNAL_FAULT = "fault"
+GUARD_SIGNAL_REQUEST = "request"
+GUARD_SIGNAL_RELEASE = "release"
+HOLDER_SIGNAL_GRANTED = "lease_granted"
+HOLDER_SIGNAL_QUARANTINE = "quarantine_answer"
+
+
+class LeaseRequest(BaseModel):
+    cluster: str
+    holder: str = Field(description="Workflow id of the requester; the grant is signalled to it.")
+    node: str
+
+
+class LeaseGrant(BaseModel):
+    holder: str
+    granted_at: datetime
+
+
+class LeaseRelease(BaseModel):
+    holder: str
+    node: str = ""
+    outcome: str | None = Field(default=None, description="How the episode ended, or 'validated' at return to service.")
+
+
+class FaultNotice(BaseModel):
+    """A node entered quarantine (counts toward the storm breaker and the unhealthy limit), or asks
+    to (`admission`): the guard answers on HOLDER_SIGNAL_QUARANTINE, at once or once there is room."""
+
+    node: str
+    holder: str
+    fault_class: str | None = None
+    healthy: bool = Field(default=False, description="True: the node left quarantine (returned or replaced).")
+    admission: bool = Field(default=False, description="Asks before cordoning: admitted, or deferred with a reason.")
+
+
+class QuarantineAnswer(BaseModel):
+    admitted: bool
+    reason: str = ""
+
+
+class GuardClient(Episode):
+    """The episode's side of the lease."""
+
+    async def _signal_guard(self, signal: str, arg: BaseModel, started: bool = False) -> None:
+        """Signal-with-start through an activity the first time, so the guard exists when needed;
+        a plain external signal (two events, no activity) once this episode knows it runs."""
+        if started and not self._local_cluster_calls():
+            try:
+                await workflow.get_external_workflow_handle(c.guard_workflow_id(self.inp.cluster)).signal(signal, arg)
+                return
+            except FailureError:
+                pass  # the guard was terminated or reset: start it again below
+        await self._ledger(
+            c.GUARD_SIGNAL,
+            c.GuardSignalRequest(cluster=self.inp.cluster, guard=self.policy.guard, task_queue=self.inp.guard_task_queue,
+                                 signal=signal, payload=arg.model_dump(mode="json")),
+            None, f"{signal} to fleet guard for {self.node}", max_interval=timedelta(seconds=10))
+
+    def _fault_notice(self, **kind: bool) -> FaultNotice:
+        t = self.s.triage
+        return FaultNotice(node=self.node, holder=workflow.info().workflow_id,
+                           fault_class=t.fault_class if t else None, **kind)
+
+    def _lease_request(self) -> LeaseRequest:
+        return LeaseRequest(cluster=self.inp.cluster, holder=workflow.info().workflow_id, node=self.node)
+
+    async def _tell_guard(self, healthy: bool) -> None:
+        if (healthy and not self.s.guard_notified) or self.policy.dry_run:
+            return
+        await self._signal_guard(GUARD_SIGNAL_FAULT, self._fault_notice(healthy=healthy), started=self.s.guard_notified)
+        self.s.guard_notified = not healthy
+
+    async def _admitted_to_quarantine(self) -> bool:
+        """The guard admits a cordon while at most max_unhealthy nodes are quarantined; past that
+        the fault waits uncordoned, recorded with the reason, until there is room, the fault clears
+        or an operator cancels. A guard that does not answer in time does not stop the cordon."""
+        if self.s.admission == "admitted":
+            return True
+        timeout = self.policy.guard.admission_timeout
+        if not self.s.admission:
+            await self._signal_guard(GUARD_SIGNAL_FAULT, self._fault_notice(admission=True), started=self.s.guard_notified)
+            self.s.admission, self.s.guard_notified = "asked", True
+        done = lambda: self.s.admission == "admitted" or self._fault_cleared() or self.s.cancel_reason is not None  # noqa: E731
+        try:
+            await workflow.wait_condition(lambda: done() or self.s.admission == "deferred", timeout=timeout,
+                                          timeout_summary=f"the fleet guard's answer for {self.node}")
+        except TimeoutError:
+            self._record("quarantine", f"no answer from the fleet guard for {self.node}", False,
+                         f"none within {timeout}: cordoning anyway (a bad node is not left in service)")
+            self.s.admission = "admitted"
+            return True
+        if self.s.admission == "deferred" and not done():
+            self._record("quarantine", f"quarantine of {self.node} deferred by the fleet guard", False,
+                         self.s.admission_reason)
+            self._set_details(f"room to quarantine: {self.s.admission_reason}")
+            while not done():
+                # Asked again now and then: a guard started afresh knows no deferred faults.
+                try:
+                    await workflow.wait_condition(done, timeout=self.policy.guard.holder_check_interval,
+                                                  timeout_summary=f"{self.node}'s quarantine request, re-sent")
+                except TimeoutError:
+                    await self._signal_guard(GUARD_SIGNAL_FAULT, self._fault_notice(admission=True), started=True)
+            if self.s.admission == "admitted":
+                self._record("quarantine", f"quarantine of {self.node} admitted by the fleet guard", True)
+        if self.s.admission != "admitted" and self._fault_cleared():
+            self._finish(Outcome.HEALTHY, "the fault cleared while its quarantine was deferred; nothing done")
+        return self.s.admission == "admitted"
+
+    def _fault_cleared(self) -> bool:
+        t = self.s.triage
+        return fault_cleared([v.finding for v in t.verdicts if v.rung is not None] if t else [], self.s.latest)
+
+    async def _acquire_lease(self) -> None:
+        if self.s.lease_held:
+            return
+        if self.policy.dry_run:
+            # A dry run disrupts nothing, so it must not take budget from real remediations.
+            return self._record("lease", f"would take a disruption lease for {self.node}", True, "dry run")
+        if not self.s.lease_requested:
+            await self._signal_guard(GUARD_SIGNAL_REQUEST, self._lease_request(), started=self.s.guard_notified)
+            self.s.lease_requested = True
+        self._set_details("waiting for a disruption lease from the fleet guard")
+        while self._guard_admission():
+            # The request is sent again now and then: a guard started afresh learns its waiters back.
+            try:
+                await workflow.wait_condition(lambda: self.s.lease_held or self._steered(),
+                                              timeout=self.policy.guard.holder_check_interval,
+                                              timeout_summary=f"{self.node}'s lease request, re-sent")
+                break
+            except TimeoutError:
+                await self._signal_guard(GUARD_SIGNAL_REQUEST, self._lease_request(), started=True)
+        await workflow.wait_condition(lambda: self.s.lease_held or self._steered())
+        if self.s.lease_held:
+            self._record("lease", f"disruption lease for {self.node}", True)
+
+    async def _release_lease(self, outcome: str | None = None) -> None:
+        if not (self.s.lease_held or self.s.lease_requested):
+            return
+        release = LeaseRelease(holder=workflow.info().workflow_id, node=self.node,
+                               outcome=outcome if self._guard_admission() else None)
+        if self._local_cluster_calls():
+            await self._signal_guard(GUARD_SIGNAL_RELEASE, release)
+        else:
+            await workflow.get_external_workflow_handle(c.guard_workflow_id(self.inp.cluster)).signal(
+                GUARD_SIGNAL_RELEASE, release)
+        self.s.lease_held = self.s.lease_requested = False
+
+    async def _tell_guard_the_ending(self) -> None:
+        if self._guard_admission():
+            # Every ending tells the guard (lease, canary, unhealthy count) once it was involved.
+            s = self.s
+            if s.guard_notified or s.lease_held or s.lease_requested or s.admission:
+                await self._signal_guard(GUARD_SIGNAL_RELEASE, LeaseRelease(
+                    holder=workflow.info().workflow_id, node=self.node, outcome=s.outcome.value))
+                s.lease_held = s.lease_requested = False
+            return
+        await self._release_lease()
+        if self.s.outcome is Outcome.REPLACED:
+            # The node leaves the fleet: it no longer counts as unhealthy. Other endings keep it cordoned.
+            await self._tell_guard(healthy=True)
+
+    async def _hold_while_paused(self) -> None:
+        """Held until resume or cancel (a skip given meanwhile applies on resume). A long pause gives
+        the disruption lease back, so one parked node does not hold the fleet's budget."""
+        if not self.s.paused:
+            return
+        self._set_details()
+        released = lambda: not self.s.paused or self.s.cancel_reason is not None  # noqa: E731
+        if self.s.lease_held and self._no_harm():
+            limit = self.policy.pause_releases_lease_after
+            try:
+                await workflow.wait_condition(released, timeout=limit, timeout_summary=f"pause of {self.node}")
+                return
+            except TimeoutError:
+                await self._release_lease()
+                self._record("lease", f"gave back {self.node}'s disruption lease", True,
+                             f"paused longer than {limit}; taken again on resume")
+        await workflow.wait_condition(released)

@@ -1,0 +1,148 @@
+"""The steps around the rungs: check the node is ours, cordon, mark the pods, wait for approval,
+drain. Each verifies its effect, and the do-no-harm rules say when a failed one ends the episode."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio import workflow
+
+from workflows import metrics
+
+with workflow.unsafe.imports_passed_through():
+    from activities import contracts as c
+    from policies.classify import Triage
+    from policies.findings import HealthReport
+    from policies.model import Rung
+    from workflows.calls import call_or_none
+    from workflows.lease import GuardClient
+    from workflows.remediation_types import Outcome, Stage
+
+
+class RemediationSteps(GuardClient):
+    async def _node_is_ours(self) -> bool:
+        """A report for a node that does not exist, or is not a GPU node of ours, ends here: no lease,
+        no cordon, no ledger, no denylist. When the API cannot say, the cordon's own checks decide."""
+        found = await self._kube(c.KUBE_CHECK_NODE, c.NodeCheckRequest(node=self.node), c.NodeCheckResult,
+                                 f"check {self.node} is a GPU node of this cluster")
+        if found is None or (found.exists and found.ours):
+            return True
+        self._finish(Outcome.REJECTED, f"rejected: {found.reason}")
+        return False
+
+    async def _quarantine(self) -> None:
+        if self.s.quarantined:
+            return
+        if self._guard_admission() and not self.policy.dry_run and not await self._admitted_to_quarantine():
+            return
+        t = self.s.triage
+        result = await self._kube(
+            c.KUBE_QUARANTINE,
+            c.QuarantineRequest(node=self.node, fault_class=t.fault_class or "unknown", reason=t.reason,
+                                dry_run=self.policy.dry_run),
+            c.QuarantineResult, f"cordon and taint {self.node} ({self._fault_label()})",
+        )
+        if result is None and self._no_harm():
+            return  # not verifiably cordoned: `_cordon_holds` ends the episode before anything disruptive
+        self.s.quarantined = True
+        detected = self.s.first_report.detected_at if self.s.first_report else None
+        if result is not None and detected is not None and self.s.detect_to_cordon_ms is None:
+            self.s.detect_to_cordon_ms = max(0, int((result.cordoned_at - detected).total_seconds() * 1000))
+            metrics.node_cordoned(self.inp.cluster, t.fault_class or "unknown", self.s.detect_to_cordon_ms)
+        if not (self._guard_admission() and self.s.admission == "admitted"):
+            await self._tell_guard(healthy=False)
+
+    def _quarantine_withheld(self) -> bool:
+        """The guard held the cordon back and the episode ended (fault cleared) or was cancelled."""
+        return self.s.stage is Stage.DONE or (self.s.cancel_reason is not None and not self.s.quarantined)
+
+    def _cordon_holds(self) -> bool:
+        """No disruptive step on a node that is not verifiably cordoned: evicted pods would land back on it."""
+        if self.s.quarantined or not self._no_harm():
+            return True
+        self._finish(Outcome.FAILED, f"cordon of {self.node} did not take effect ({self.s.actions[-1].detail}): "
+                     "nothing disruptive done; a person must cordon or fix access")
+        return False
+
+    async def _is_repeat_offender(self) -> bool:
+        ro = self.policy.repeat_offender
+        if not self.s.hardware_ids:
+            return False
+        count = await self._ledger(c.LEDGER_COUNT_RECENT, c.CountRecentRequest(
+            hardware_ids=self.s.hardware_ids, window_s=ro.window.total_seconds(), exclude_episode=self._episode()),
+            int, f"count recent remediations of {self.node}'s hardware")
+        if count is not None and count + 1 >= ro.threshold:
+            self._record("triage", f"repeat offender {self.node}", True,
+                         f"{count} earlier remediations within {ro.window}: straight to replace")
+            return True
+        return False
+
+    def _implicate(self, report: HealthReport, t: Triage) -> None:
+        """Hardware a probe on the node itself named (the agent's report), for the denylist."""
+        if report.source != "agent":
+            return
+        acted = [v.finding for v in t.verdicts if v.rung is not None]
+        self.s.implicated = sorted({*self.s.implicated, *report.implicated_ids(acted)})
+
+    async def _attribute_pods(self, t: Triage) -> None:
+        pod_gpus = await self._pod_gpus() if t.gpus and self._no_harm() else None
+        await self._kube(c.KUBE_ATTRIBUTE_PODS, c.AttributePodsRequest(
+            node=self.node, attribution=t.attribution, fault=self._fault_label(), gpus=t.gpus, pod_gpus=pod_gpus,
+            episode=self._episode(), dry_run=self.policy.dry_run),
+            c.AttributePodsResult, f"mark pods on {self.node}: failure attribution {t.attribution}")
+
+    async def _pod_gpus(self) -> dict[str, list[int]] | None:
+        """Which pod runs on which GPU, from the node (None when the agent cannot say quickly)."""
+        summary = f"which pods use which GPUs on {self.node}"
+        result = await call_or_none(
+            lambda why: self._record("attribution", summary, False, f"{why}: every pod on the node is marked"),
+            c.NODE_GPU_PODS, c.GpuPodsRequest(node=self.node), c.GpuPodsResult, summary=summary,
+            timeout=timedelta(seconds=30), attempts=2, task_queue=self._node_queue(),
+            schedule_to_start=min(timedelta(seconds=15), self.policy.validation.agent_timeout))
+        return result.pod_gpus if result is not None else None
+
+    async def _approved(self, rung: Rung) -> bool:
+        rp = self.policy.ladder.for_rung(rung)
+        if not rp.requires_approval or rung in self.s.approved:
+            return True
+        self.s.awaiting_approval = rung
+        self._set_details()
+        steerable = self._no_harm()
+        try:
+            await workflow.wait_condition(lambda: rung in self.s.approved or (steerable and self._steered()),
+                                          timeout=rp.approval_timeout,
+                                          timeout_summary=f"wait for approval to {rung.value} {self.node}")
+        except TimeoutError:
+            return False
+        finally:
+            self.s.awaiting_approval = None
+        if rung not in self.s.approved:
+            return False  # steered away (cancel or skip): the caller re-plans
+        self._record("approval", f"{rung.value} {self.node} approved", True)
+        return True
+
+    async def _drain(self) -> None:
+        if self.s.drained:
+            return
+        d = self.policy.drain
+        result = await self._kube(
+            c.KUBE_DRAIN,
+            c.DrainRequest(node=self.node, episode=self._episode(), checkpoint_grace_s=d.checkpoint_grace.total_seconds(),
+                           deadline_s=d.deadline.total_seconds(), timeout_action=d.timeout_action,
+                           allow_force=d.allow_force, pod_grace_seconds=d.pod_grace_seconds, dry_run=self.policy.dry_run),
+            c.DrainResult, f"drain {self.node} through the Eviction API",
+            start_to_close=d.checkpoint_grace + d.deadline + timedelta(minutes=5), heartbeat=d.heartbeat_timeout,
+        )
+        self.s.drained = result is not None
+        if not self._no_harm():
+            return
+        if result is None:
+            # Pods may still be on the node: no reboot or reset under them.
+            return self._finish(Outcome.QUARANTINED, f"drain failed ({self.s.actions[-1].detail}): nothing "
+                                "disruptive done; the node stays quarantined for a person")
+        left = [*result.remaining, *result.lingering]
+        if left:
+            self.s.drain_left = left
+            self._record("drain", f"drain of {self.node} incomplete", False,
+                         f"{len(left)} pods still there ({', '.join(left[:5])}); "
+                         f"timeout_action={d.timeout_action}: the rung goes ahead and stops them")

@@ -1,0 +1,137 @@
+"""The ladder's rungs as an episode acts them (kill, reset, reboot, replace), and the validation
+that says whether one cured the node."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.exceptions import ActivityError
+
+with workflow.unsafe.imports_passed_through():
+    from activities import contracts as c
+    from policies.model import Rung, RungPolicy
+    from workflows.calls import agent_gone, call_or_none, cause
+    from workflows.lease import GuardClient
+    from workflows.remediation_types import Outcome
+    from workflows.validation import AgentMissing, validate_once, validate_twice
+
+
+class RungActions(GuardClient):
+    async def _act(self, rung: Rung) -> bool:
+        """The rung's action and its wait; False when it failed or the node did not come back."""
+        rp = self.policy.ladder.for_rung(rung)
+        summary = f"{rung.value} {self.node} ({self._fault_label()})"
+        key = f"{workflow.info().workflow_id}/{self.s.run_ids[0]}/{rung.value}/{self.s.attempts[rung.value]}"
+        actions = {Rung.KILL: self._kill, Rung.RESET: self._reset, Rung.REBOOT: self._reboot,
+                   Rung.REPLACE: self._replace}
+        try:
+            return await actions[rung](summary, key, rp)
+        except ActivityError as err:
+            if self._no_harm() and agent_gone(err):
+                self.s.agent_missing = True
+                self._record(rung.value, summary, False, f"agent_missing: no agent polled "
+                             f"{self._node_queue()} within {self.policy.validation.agent_timeout}")
+                return False
+            self._record(rung.value, summary, False, cause(err))
+            return False
+
+    async def _kill(self, summary: str, key: str, rp: RungPolicy) -> bool:
+        await self._stop_gpu_processes(summary, rp)
+        return await self._settle(Rung.KILL, summary, rp)
+
+    async def _reset(self, summary: str, key: str, rp: RungPolicy) -> bool:
+        await self._stop_gpu_processes(f"stop GPU processes on {self.node} before reset", rp)
+        await self._node_activity(c.NODE_RESET, c.ResetRequest(node=self.node, gpus=self._gpus(), dry_run=self.policy.dry_run),
+                                  c.ResetResult, summary, rp)
+        return await self._settle(Rung.RESET, summary, rp)
+
+    async def _stop_gpu_processes(self, summary: str, rp: RungPolicy) -> None:
+        await self._node_activity(c.NODE_KILL, c.KillRequest(node=self.node, gpus=self._gpus(), dry_run=self.policy.dry_run),
+                                  c.KillResult, summary, rp)
+
+    async def _settle(self, rung: Rung, summary: str, rp: RungPolicy) -> bool:
+        self._record(rung.value, summary, True, self._take_drain_note())
+        await workflow.sleep(max(rp.return_timeout, timedelta(milliseconds=1)),
+                             summary=f"let {self.node} settle after {rung.value}")
+        return True
+
+    async def _replace(self, summary: str, key: str, rp: RungPolicy) -> bool:
+        await self._denylist()
+        await self._cloud(c.CLOUD_REPLACE, c.ReplaceRequest(
+            node=self.node, idempotency_key=key, mode=self.policy.replacement,
+            ownership_tag=self.policy.ownership_tag, dry_run=self.policy.dry_run), c.ReplaceResult, summary, rp)
+        self._record(Rung.REPLACE.value, summary, True, self._take_drain_note())
+        return True
+
+    async def _reboot(self, summary: str, key: str, rp: RungPolicy) -> bool:
+        """Reboot through the cloud API; back when the agent reports from a new boot. If it never
+        does, the kubelet's boot id tells a machine that rebooted (its agent is what is missing)
+        from one that did not come back."""
+        before = self.s.boot_id
+        no_harm, dry = self._no_harm(), self.policy.dry_run
+        sent = await self._cloud(c.CLOUD_REBOOT, c.RebootRequest(node=self.node, idempotency_key=key, dry_run=dry,
+                                                                 ownership_tag=self.policy.ownership_tag),
+                                 c.RebootResult, summary, rp)
+        kubelet_before = sent.from_boot
+        self._record(Rung.REBOOT.value, summary, True,
+                     "; ".join(x for x in ("reboot sent; waiting for a report from a new boot", self._take_drain_note()) if x))
+        try:
+            await workflow.wait_condition(lambda: self.s.boot_id != before or (no_harm and self._steered()),
+                                          timeout=rp.return_timeout,
+                                          timeout_summary=f"wait for {self.node} to come back from reboot")
+        except TimeoutError:
+            self._record(Rung.REBOOT.value, f"{self.node} back from reboot", False,
+                         f"no report from a new boot within {rp.return_timeout}")
+            if no_harm and not dry:
+                after = await self._kubelet_boot_id()
+                if self.s.agent_missing or (after and after != kubelet_before):
+                    came_back = (f"the machine rebooted (kubelet boot id {kubelet_before} -> {after})"
+                                 if after and after != kubelet_before else "the machine shows no new boot either")
+                    self._finish(Outcome.QUARANTINED, f"agent_missing: {came_back} but no agent reported from "
+                                 f"{self.node}; no evidence about the hardware, so it stays quarantined for a person")
+            return False
+        if self.s.boot_id == before:
+            return False  # steered away while waiting
+        self.s.agent_missing = False
+        self._record(Rung.REBOOT.value, f"{self.node} back from reboot", True, f"boot id {self.s.boot_id}")
+        return True
+
+    async def _kubelet_boot_id(self) -> str | None:
+        summary = f"read {self.node}'s boot id without its agent"
+        return await call_or_none(lambda why: self._record("boot_id", summary, False, why),
+                                  c.CLOUD_BOOT_ID, c.BootIdRequest(node=self.node), str, summary=summary,
+                                  timeout=timedelta(minutes=1), attempts=3)
+
+    async def _denylist(self) -> None:
+        """Only hardware a probe on the node implicated goes on the denylist, never every id a report listed."""
+        ids = self.s.implicated if self._no_harm() else self.s.hardware_ids
+        if not ids and self._no_harm():
+            return self._record("denylist", f"denylist hardware of {self.node}", True,
+                                "no probe implicated any hardware: nothing denylisted")
+        await self._ledger(c.LEDGER_DENYLIST, c.DenylistRequest(
+            hardware_ids=ids, node=self.node, reason=f"replaced: {self._fault_label()}"),
+            c.DenylistResult, f"denylist hardware of {self.node}")
+
+    def _take_drain_note(self) -> str:
+        """What the rung's record says of pods the drain left (timed out and escalated): the rung
+        itself stopped them. Said once, by the rung that went ahead."""
+        left, self.s.drain_left = self.s.drain_left, []
+        return f"went ahead over {len(left)} pods the drain left ({', '.join(left[:3])})" if left else ""
+
+    async def _validated(self) -> bool:
+        strict = self._no_harm()
+        try:
+            if not self.s.quarantined:
+                # Kill-only (application) episodes never took the node out: one validation suffices.
+                ok = await validate_once(self.node, self.policy.validation, self.inp.expected_gpus, "after kill",
+                                         self._record, self.policy.dry_run, strict)
+                self.s.validations += int(ok)
+                return ok
+            passed = await validate_twice(self.node, self.policy.validation, self.inp.expected_gpus, self._record,
+                                          self.policy.dry_run, strict)
+        except AgentMissing:
+            self.s.agent_missing = True
+            return False
+        self.s.validations += passed
+        return passed == 2
