@@ -1,5 +1,7 @@
 """The storm benchmark's baseline: a bare workflow, signal-with-start plus one activity that cordons
-the node through the same API client. What any Temporal-based remediator pays at minimum."""
+the node through the same API client. What any Temporal-based remediator pays at minimum. Like
+for like with gpuheal: the cordon is a local activity in both (gpuheal's since patch
+`local-cluster-calls`), so the ratio measures gpuheal's own work, not a different call path."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ class StormBaseline:
     @workflow.run
     async def run(self) -> None:
         await workflow.wait_condition(lambda: self.node is not None)
-        await workflow.execute_activity("baseline.cordon", self.node, start_to_close_timeout=timedelta(seconds=30))
+        await workflow.execute_local_activity("baseline.cordon", self.node, start_to_close_timeout=timedelta(seconds=30))
 
 
 class BaselineActivities:

@@ -6,7 +6,7 @@ Kubernetes API server (over HTTP, through the real client), with the controller'
 - single-node detect-to-cordon p50/p95/p99 (one report at a time): from the report leaving the
   agent's side to the node being unschedulable in the fake API (goal p99 <= 250 ms);
 - the same percentiles and the quarantine rate (nodes/s) when all nodes report at once;
-- in the same run, the rate of a bare baseline (signal-with-start + one activity that cordons) on
+- in the same run, the rate of a bare baseline (signal-with-start + one local activity that cordons) on
   the same server and worker settings, and the ratio gpuheal / baseline (goal >= 0.5).
 """
 
@@ -148,10 +148,10 @@ def main() -> None:
           f"p95 {pct(s, 95):.0f} ms, p99 {pct(s, 99):.0f} ms, mean {statistics.mean(s):.0f} ms")
     print(f"storm ({args.nodes} nodes at once): p50 {pct(st, 50):.0f} ms, p95 {pct(st, 95):.0f} ms, "
           f"p99 {pct(st, 99):.0f} ms; quarantine rate {r['storm_rate']:.1f} nodes/s")
-    print(f"baseline (signal-with-start + one cordon activity, {args.nodes} at once): {r['base_rate']:.1f} nodes/s; "
+    print(f"baseline (signal-with-start + one local cordon activity, {args.nodes} at once): {r['base_rate']:.1f} nodes/s; "
           f"ratio gpuheal/baseline {ratio:.2f}")
     print(append_result(
-        "storm", f"{args.nodes} nodes at once + {args.single} single, dev server + fake API, one worker process",
+        "storm", f"{args.nodes} nodes at once + {args.single} single, dev server + fake API, one worker process, local-activity baseline",
         f"single p50/p95/p99 {pct(s, 50):.0f}/{pct(s, 95):.0f}/{pct(s, 99):.0f} ms; storm p50/p95/p99 "
         f"{pct(st, 50):.0f}/{pct(st, 95):.0f}/{pct(st, 99):.0f} ms, {r['storm_rate']:.1f} nodes/s; baseline "
         f"{r['base_rate']:.1f} nodes/s; ratio {ratio:.2f}", "goal: single p99 <= 250 ms, ratio >= 0.5"))

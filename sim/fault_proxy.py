@@ -13,9 +13,11 @@ import threading
 import time
 import urllib.parse
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import requests
+
+from sim.local_http import LocalHttpServer
 
 _ERRORS = {
     500: b"<Response><Errors><Error><Code>InternalError</Code><Message>injected</Message></Error></Errors></Response>",
@@ -31,7 +33,7 @@ class ProxiedCall:
     at: float = field(default_factory=time.time)
 
 
-class AwsFaultProxy:
+class AwsFaultProxy(LocalHttpServer):
     def __init__(self, upstream: str, rate: float = 0.0, seed: int = 7, drop_delay_s: float = 0.5):
         self.upstream, self.rate, self.drop_delay_s = upstream.rstrip("/"), rate, drop_delay_s
         self.random = random.Random(seed)
@@ -51,21 +53,7 @@ class AwsFaultProxy:
 
             do_GET = do_POST  # noqa: N815
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.thread = threading.Thread(target=self.httpd.serve_forever, name="aws-fault-proxy", daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
-
-    def start(self) -> AwsFaultProxy:
-        self.thread.start()
-        return self
-
-    def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        super().__init__(Handler, "aws-fault-proxy")
 
     def count(self, action: str, instance_id: str | None = None, outcome: str = "forwarded") -> int:
         with self.lock:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs, urlparse
 
 from sim.fake_kube.errors import ApiError
 from sim.fake_kube.selectors import field_matches, label_matches
 from sim.fake_kube.store import API_VERSION, KIND_BY_PLURAL, FakeKube
+from sim.local_http import LocalHttpServer
 
 # --- discovery -----------------------------------------------------------------------------------
 # What clients such as kubectl read before they act (the legacy discovery documents; a client that
@@ -189,27 +189,15 @@ class _Handler(BaseHTTPRequestHandler):
         self._handle("DELETE")
 
 
-class FakeKubeServer:
+class FakeKubeServer(LocalHttpServer):
     """FakeKube on 127.0.0.1:<port>, in a thread. `configuration()` gives a kubernetes client config."""
 
     def __init__(self, kube: FakeKube | None = None, port: int = 0):
         self.kube = kube or FakeKube()
-        handler = type("Handler", (_Handler,), {"kube": self.kube})
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), handler)
-        self.httpd.daemon_threads = True
-        self.thread = threading.Thread(target=self.httpd.serve_forever, name="fake-kube", daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
-
-    def start(self) -> FakeKubeServer:
-        self.thread.start()
-        return self
+        super().__init__(type("Handler", (_Handler,), {"kube": self.kube}), "fake-kube", port)
 
     def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        super().stop()
         self.kube.close()
 
     def write_kubeconfig(self, path) -> str:

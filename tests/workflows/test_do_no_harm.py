@@ -12,7 +12,7 @@ from activities.contracts import guard_workflow_id
 from policies.findings import Finding
 from policies.loader import default_policy
 from tests.workflows.fakes import FakeNode, xid
-from tests.workflows.test_node_remediation import make_fleet, run_node, wait_for
+from tests.workflows.test_node_remediation import make_fleet, run_node, run_with_status, wait_for
 from workflows.fleet_guard import FleetGuard
 from workflows.node_remediation import NodeRemediation
 
@@ -150,10 +150,7 @@ async def test_escalated_drain_is_said_in_the_history(ts_env, uniq):
     and the rung that went ahead over them says so."""
     fleet = make_fleet(ts_env, uniq)
     n = fleet.add(FakeNode(f"stuck-{uniq}", [xid(48)], cured_by="reset", pdb_stuck=True))
-    async with fleet.workers():
-        handle = await fleet.report(n.name)
-        result = await handle.result()
-        status = await handle.query(NodeRemediation.status)
+    result, status = await run_with_status(fleet, n)
     assert (result.outcome, result.rungs) == ("returned", ["reset"])
     drain = next(a for a in status.actions if a.step == "drain")
     assert not drain.ok and f"default/job-on-{n.name}" in drain.detail and "escalate" in drain.detail

@@ -48,12 +48,18 @@ async def test_quarantined_node_fixed_by_hand_leaves_the_unhealthy_count(dev_env
         await wait_for(dropped, timeout=15)
 
 
-async def test_a_guard_started_afresh_learns_holders_back_and_keeps_the_budget(dev_env, uniq):
+def one_lease_two_nodes(env, uniq):
+    """A budget of one lease; `a` holds it as long as its `hold` is not set, `b` would need it."""
     policy = quick_policy()
     policy.guard.max_disruptive = 1
-    fleet = fleet_of(dev_env, uniq, policy)
+    fleet = fleet_of(env, uniq, policy)
     a = fleet.add(FakeNode(f"a-{uniq}", [xid(48)], cured_by="reset", hold=asyncio.Event()))
     b = fleet.add(FakeNode(f"b-{uniq}", [xid(48)], cured_by="reset"))
+    return fleet, a, b
+
+
+async def test_a_guard_started_afresh_learns_holders_back_and_keeps_the_budget(dev_env, uniq):
+    fleet, a, b = one_lease_two_nodes(dev_env, uniq)
     guard = dev_env.client.get_workflow_handle(guard_workflow_id(fleet.cluster))
     async with fleet.workers():
         ha = await fleet.report(a.name)
@@ -88,11 +94,7 @@ async def test_a_guard_started_afresh_learns_holders_back_and_keeps_the_budget(d
 
 
 async def test_a_guard_that_cannot_list_episodes_grants_nothing_and_says_why(dev_env, uniq):
-    policy = quick_policy()
-    policy.guard.max_disruptive = 1
-    fleet = fleet_of(dev_env, uniq, policy)
-    a = fleet.add(FakeNode(f"a-{uniq}", [xid(48)], cured_by="reset", hold=asyncio.Event()))
-    b = fleet.add(FakeNode(f"b-{uniq}", [xid(48)], cured_by="reset"))
+    fleet, a, b = one_lease_two_nodes(dev_env, uniq)
     async with fleet.workers():
         ha = await fleet.report(a.name)
         await wait_for(lambda: _async("kube.drain" in a.calls), timeout=15)

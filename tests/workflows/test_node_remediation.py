@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from datetime import timedelta
 
 import pytest
@@ -29,6 +30,23 @@ def make_fleet(ts_env, uniq, policy=None) -> FakeFleet:
 async def run_node(fleet: FakeFleet, node: FakeNode) -> RemediationResult:
     handle = await fleet.report(node.name)
     return await handle.result()
+
+
+@contextlib.asynccontextmanager
+async def held_after_drain(fleet: FakeFleet, node: FakeNode):
+    """Workers up and one report: the episode's handle once it drained, its rung held on `node.hold`."""
+    n = fleet.add(node)
+    async with fleet.workers():
+        handle = await fleet.report(n.name)
+        await wait_for(lambda: _async(lambda: "kube.drain" in n.calls))
+        yield handle, n
+
+
+async def run_with_status(fleet: FakeFleet, node: FakeNode):
+    """Workers up, one report: the episode's result and its final status."""
+    async with fleet.workers():
+        handle = await fleet.report(node.name)
+        return await handle.result(), await handle.query(NodeRemediation.status)
 
 
 async def no_task_failures(handle) -> None:
@@ -73,10 +91,7 @@ async def test_cured_by_reset(ts_env, uniq):
 async def test_cured_by_reboot(ts_env, uniq):
     fleet = make_fleet(ts_env, uniq)
     n = fleet.add(FakeNode(f"reboot-{uniq}", [xid(79)], cured_by="reboot"))
-    async with fleet.workers():
-        handle = await fleet.report(n.name)
-        result = await handle.result()
-        status = await handle.query(NodeRemediation.status)
+    result, status = await run_with_status(fleet, n)
     assert (result.outcome, result.rungs, result.fault_class) == ("returned", ["reboot"], "gpu_lost")
     assert status.boot_id == f"boot-{n.name}-1"
     assert [r.outcome for r in fleet.records] == ["returned"]
@@ -95,10 +110,7 @@ async def test_nothing_cures_replaces_and_denylists(ts_env, uniq):
 async def test_node_never_returns_after_reboot_climbs(ts_env, uniq):
     fleet = make_fleet(ts_env, uniq)
     n = fleet.add(FakeNode(f"gone-{uniq}", [xid(79)], cured_by="reboot", reboot_returns=False))
-    async with fleet.workers():
-        handle = await fleet.report(n.name)
-        result = await handle.result()
-        status = await handle.query(NodeRemediation.status)
+    result, status = await run_with_status(fleet, n)
     assert result.rungs == ["reboot", "replace"]
     assert result.outcome == "replaced"
     assert any("no report from a new boot" in a.detail for a in status.actions)
@@ -149,10 +161,8 @@ async def test_approval_granted_proceeds(ts_env, uniq):
 
 async def test_pause_holds_actions_until_resume(ts_env, uniq):
     fleet = make_fleet(ts_env, uniq)
-    n = fleet.add(FakeNode(f"pause-{uniq}", [xid(48)], cured_by="reset", hold=asyncio.Event()))
-    async with fleet.workers():
-        handle = await fleet.report(n.name)
-        await wait_for(lambda: _async(lambda: "kube.drain" in n.calls))
+    async with held_after_drain(fleet, FakeNode(f"pause-{uniq}", [xid(48)], cured_by="reset",
+                                                hold=asyncio.Event())) as (handle, n):
         status = await handle.execute_update(NodeRemediation.pause, "maintenance window")
         assert status.paused
         n.hold.set()
@@ -167,10 +177,8 @@ async def test_pause_holds_actions_until_resume(ts_env, uniq):
 
 async def test_skip_to_replace(ts_env, uniq):
     fleet = make_fleet(ts_env, uniq)
-    n = fleet.add(FakeNode(f"skip-{uniq}", [xid(79)], cured_by="reboot", hold=asyncio.Event()))
-    async with fleet.workers():
-        handle = await fleet.report(n.name)
-        await wait_for(lambda: _async(lambda: "kube.drain" in n.calls))
+    async with held_after_drain(fleet, FakeNode(f"skip-{uniq}", [xid(79)], cured_by="reboot",
+                                                hold=asyncio.Event())) as (handle, n):
         with pytest.raises(WorkflowUpdateFailedError) as rejected:
             await handle.execute_update(NodeRemediation.skip_to, "explode")
         assert "unknown rung 'explode'" in str(rejected.value.cause)
@@ -183,10 +191,8 @@ async def test_skip_to_replace(ts_env, uniq):
 
 async def test_cancel_leaves_node_quarantined(ts_env, uniq):
     fleet = make_fleet(ts_env, uniq)
-    n = fleet.add(FakeNode(f"cancel-{uniq}", [xid(79)], cured_by="reboot", hold=asyncio.Event()))
-    async with fleet.workers():
-        handle = await fleet.report(n.name)
-        await wait_for(lambda: _async(lambda: "kube.drain" in n.calls))
+    async with held_after_drain(fleet, FakeNode(f"cancel-{uniq}", [xid(79)], cured_by="reboot",
+                                                hold=asyncio.Event())) as (handle, n):
         await handle.execute_update(NodeRemediation.cancel, "hands-on repair")
         n.hold.set()
         result = await handle.result()
