@@ -33,7 +33,7 @@ class TimedWatcher(ConditionWatcher):
 
 async def main(changes: int) -> None:
     server = FakeKubeServer().start()
-    api = client.ApiClient(server.configuration())
+    api = server.api_client()
     watcher = TimedWatcher(client.CoreV1Api(api))
     server.kube.add_node("bench-node")
     stop = asyncio.Event()

@@ -202,7 +202,7 @@ class SimulatedFleet:
         self.kube = server.kube
         self.kubeconfig = server.write_kubeconfig(self.tmp / "kubeconfig")
         aws = controller_aws_url or moto_url
-        api = client.ApiClient(server.configuration())
+        api = server.api_client()
         core = client.CoreV1Api(api)
         smi = self.tmp / "nvidia-smi"
         smi.write_text("#!/bin/sh\nexit 0\n")  # the simulated driver's reset always returns

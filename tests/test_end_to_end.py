@@ -84,7 +84,7 @@ async def gpu_cluster(dev_env, aws, tmp_path, uniq, policy):
     across it and two other nodes, and the controller and node workers with the real activities."""
     node, tq, cluster = f"e2e-{uniq}", f"tq-{uniq}", f"c-{uniq}"
     server = FakeKubeServer().start()
-    api = client.ApiClient(server.configuration())
+    api = server.api_client()
     core, kube = client.CoreV1Api(api), server.kube
     ec2 = aws("ec2")
     ami = ec2.describe_images()["Images"][0]["ImageId"]

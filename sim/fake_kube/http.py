@@ -222,3 +222,9 @@ current-context: c
         cfg.host = self.url
         cfg.connection_pool_maxsize = CLUSTER_CALL_THREADS
         return cfg
+
+    def api_client(self):
+        """The real `kubernetes` client's ApiClient, pointed at this server."""
+        from kubernetes import client
+
+        return client.ApiClient(self.configuration())

@@ -21,7 +21,7 @@ OWNED = [{"Key": "gpuheal.io/managed", "Value": "true"}]
 @pytest.fixture
 def cloud(aws):
     server = FakeKubeServer().start()
-    api = client.ApiClient(server.configuration())
+    api = server.api_client()
     ec2, asg, ssm = aws("ec2"), aws("autoscaling"), aws("ssm")
     ami = ec2.describe_images()["Images"][0]["ImageId"]
 

@@ -22,7 +22,7 @@ from sim.fake_kube import FakeKubeServer
 @pytest.fixture
 def kube():
     server = FakeKubeServer().start()
-    api = client.ApiClient(server.configuration())
+    api = server.api_client()
     core = client.CoreV1Api(api)
     yield server.kube, core, KubeActivities(core)
     api.close()

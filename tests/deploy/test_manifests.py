@@ -209,7 +209,7 @@ def _wire_rule(verb: str, path: str, query: str) -> tuple[str, str]:
 
 async def test_rbac_covers_every_request_the_activities_send():
     server = FakeKubeServer().start()
-    api = client.ApiClient(server.configuration())
+    api = server.api_client()
     core = client.CoreV1Api(api)
     k = server.kube
     try:

@@ -12,7 +12,7 @@ from sim.fake_kube import FakeKubeServer
 @pytest.fixture
 def kube():
     server = FakeKubeServer().start()
-    api = client.ApiClient(server.configuration())
+    api = server.api_client()
     yield server.kube, client.CoreV1Api(api), client.PolicyV1Api(api)
     api.close()
     server.stop()

@@ -98,7 +98,7 @@ def test_describe_shows_gpuheal_quarantine(cluster):
     """What gpuheal writes is what an operator reads with `kubectl describe node`."""
     server, kubectl = cluster
     server.kube.add_node("n1")
-    api = client.ApiClient(server.configuration())
+    api = server.api_client()
     try:
         ActivityEnvironment().run  # noqa: B018 - the activity environment below runs the real activity
         acts = KubeActivities(client.CoreV1Api(api))

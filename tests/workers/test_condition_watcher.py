@@ -23,7 +23,7 @@ async def test_condition_held_long_enough_reports_then_recovers(ts_env, uniq):
     policy.ladder.reset.requires_approval = True  # park the episode: this test is about the watcher
     node = f"npd-{uniq}"
     server = FakeKubeServer().start()
-    api = client.ApiClient(server.configuration())
+    api = server.api_client()
     core = client.CoreV1Api(api)
     fleet = FakeFleet(client=ts_env.client, task_queue=f"tq-{uniq}", policy=policy, cluster=f"c-{uniq}")
     fleet.add(FakeNode(node, []))
@@ -89,7 +89,7 @@ async def until(watcher: SeenWatcher, entry) -> None:
 
 async def test_watch_streams_events_resumes_relists_on_410_and_stops_promptly():
     server = FakeKubeServer().start()
-    api = client.ApiClient(server.configuration())
+    api = server.api_client()
     watcher = SeenWatcher(client.CoreV1Api(api))
     server.kube.add_node("w1")
     stop = asyncio.Event()
