@@ -4,6 +4,7 @@ nodes' taints; a guard started afresh learns its holders back before it grants a
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 
 from temporalio import workflow
@@ -63,13 +64,18 @@ class GuardBooks(GuardGates):
                 or len(self.s.unhealthy) < limit)
 
     async def _answer(self) -> None:
+        """One pass's answers go out together: awaited one by one, each would cost the guard a
+        workflow task, and under a storm the guard would be every cordon's bottleneck."""
         answers, self._answers = self._answers, []
-        for holder, answer in answers:
+
+        async def answer_one(holder: str, answer: QuarantineAnswer) -> None:
             try:
                 await workflow.get_external_workflow_handle(holder).signal(HOLDER_SIGNAL_QUARANTINE, answer)
             except FailureError:
                 self.s.unhealthy = {n: h for n, h in self.s.unhealthy.items() if h != holder}
                 self.s.deferred = [d for d in self.s.deferred if d.holder != holder]
+
+        await asyncio.gather(*(answer_one(h, a) for h, a in answers))
 
 
     # --- the cluster and the episodes, as they are ----------------------------------------------
