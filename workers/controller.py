@@ -111,13 +111,9 @@ async def tell_guard_the_policy(client: Client, cluster: str, guard: GuardPolicy
     try:
         await handle.execute_update(FleetGuard.set_policy, args=[guard, client.identity],
                                     rpc_timeout=timedelta(seconds=10))
-    except RPCError as err:
-        if err.status == RPCStatusCode.NOT_FOUND:
-            return False
-        log.warning("could not give fleet guard %s the policy: %s", cluster, err)
-        return False
     except Exception as err:  # noqa: BLE001 - a closed guard, a timeout: the controller serves on
-        log.warning("could not give fleet guard %s the policy: %s", cluster, err)
+        if not (isinstance(err, RPCError) and err.status == RPCStatusCode.NOT_FOUND):  # none yet: nothing to say
+            log.warning("could not give fleet guard %s the policy: %s", cluster, err)
         return False
     log.info("fleet guard %s takes the controller's guard policy", cluster)
     return True

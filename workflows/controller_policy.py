@@ -25,6 +25,12 @@ async def take_controller_policy(node: str) -> c.PolicySnapshot:
                       timeout=timedelta(seconds=10), max_interval=timedelta(seconds=10), local=True)
 
 
+def policy_taken(snap: c.PolicySnapshot, ignored: list[str]) -> tuple[str, bool, str]:
+    """The step record (summary, ok, detail) of a policy taken from the controller."""
+    return (f"policy {snap.name} ({snap.sha256[:12]}) from the controller", True,
+            f"ignored what the start input set: {', '.join(ignored)}" if ignored else "")
+
+
 def ignored_fields(inp, trusted: dict) -> list[str]:
     """The start input's fields a sender set that the workflow replaces with its own: said in the history."""
     return [k for k, v in trusted.items() if getattr(inp, k) is not None and getattr(inp, k) != v]

@@ -11,7 +11,12 @@ with workflow.unsafe.imports_passed_through():
     from activities import contracts as c
     from policies.model import Policy
     from workflows.calls import call
-    from workflows.controller_policy import controller_policy_applies, ignored_fields, take_controller_policy
+    from workflows.controller_policy import (
+        controller_policy_applies,
+        ignored_fields,
+        policy_taken,
+        take_controller_policy,
+    )
     from workflows.remediation_types import ActionRecord, Outcome
     from workflows.validation import validate_twice
 
@@ -51,8 +56,7 @@ class NodeAdmission:
             trusted = {"policy": snap.policy, "expected_gpus": None}
             ignored = ignored_fields(inp, trusted)
             inp = self.inp = inp.model_copy(update=trusted)
-            self._record("policy", f"policy {snap.name} ({snap.sha256[:12]}) from the controller", True,
-                         f"ignored what the start input set: {', '.join(ignored)}" if ignored else "")
+            self._record("policy", *policy_taken(snap, ignored))
         await self._step(c.KUBE_QUARANTINE, c.QuarantineRequest(
             node=inp.node, fault_class="unvalidated", reason="new node: validation pending",
             taint_key=c.UNVALIDATED_TAINT, dry_run=inp.policy.dry_run), f"taint {inp.node} unvalidated")

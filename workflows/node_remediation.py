@@ -10,7 +10,12 @@ with workflow.unsafe.imports_passed_through():
     from activities import contracts as c
     from policies.classify import classify
     from policies.model import Rung
-    from workflows.controller_policy import controller_policy_applies, ignored_fields, take_controller_policy
+    from workflows.controller_policy import (
+        controller_policy_applies,
+        ignored_fields,
+        policy_taken,
+        take_controller_policy,
+    )
     from workflows.lease import HOLDER_SIGNAL_GRANTED, HOLDER_SIGNAL_QUARANTINE, LeaseGrant, QuarantineAnswer
     from workflows.remediation_steps import RemediationSteps
     from workflows.remediation_types import (
@@ -193,8 +198,7 @@ class NodeRemediation(RungActions, RemediationSteps):
         self.inp = self.inp.model_copy(update=trusted)
         self.policy = snap.policy
         self.s.policy_name, self.s.policy_sha256 = snap.name, snap.sha256
-        self._record("policy", f"policy {snap.name} ({snap.sha256[:12]}) from the controller", True,
-                     f"ignored what the start input set: {', '.join(ignored)}" if ignored else "")
+        self._record("policy", *policy_taken(snap, ignored))
 
     async def _triage(self) -> None:
         report = self.s.latest
