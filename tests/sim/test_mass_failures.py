@@ -16,6 +16,7 @@ from activities.contracts import guard_workflow_id, remediation_workflow_id
 from sim.fleet import SimulatedFleet
 from sim.scenario import load_scenario
 from workflows.fleet_guard import FleetGuard
+from workflows.node_remediation import NodeRemediation
 from workflows.remediation_types import (
     RemediationResult,
 )
@@ -102,20 +103,18 @@ async def test_an_unknown_xid_on_every_node_cordons_at_most_max_unhealthy(dev_en
     sc, policy = load_scenario(text=scenario(10, 10, budget=2, kind="kind: xid, xid: 9999, gpu: 1"))
     fleet = SimulatedFleet(sc, policy, dev_env.client, task_queue=f"burst-{uniq}", cluster=f"burst-{uniq}")
     watch = GuardWatch(dev_env.client, fleet.cluster, dev_env.client.service_client.config.target_host)
-    deferred: list = []
-
-    async def tick(fl) -> None:
-        await watch(fl)
-        if not deferred:
-            try:
-                st = await watch.handle.query(FleetGuard.status)
-                deferred.extend(st.deferred)
-            except Exception:  # noqa: BLE001
-                pass
-
     async with fleet.running(moto_url):
-        await fleet.play(deadline_s=240, on_tick=tick)
-        results = await outcomes(dev_env.client, fleet, [f"gpu-node-{i}" for i in range(10)])
+        await fleet.play(deadline_s=240, on_tick=watch)
+        nodes = [f"gpu-node-{i}" for i in range(10)]
+        results = await outcomes(dev_env.client, fleet, nodes)
+        # The deferral is read from each episode's own record: the guard's deferred list is
+        # transient (room opens as canaries return), and a watcher's beat can miss it.
+        deferrals = {n: [a for a in (await dev_env.client.get_workflow_handle(remediation_workflow_id(n))
+                                     .query(NodeRemediation.status)).actions
+                         if a.step == "quarantine" and "deferred by the fleet guard" in a.summary]
+                     for n in nodes}
     assert watch.max_cordoned <= 5, f"max_unhealthy 50% of 10, saw {watch.max_cordoned} cordoned at once"
-    assert deferred and all("quarantine deferred" in d.reason for d in deferred)
+    deferred = [a for acts in deferrals.values() for a in acts]
+    assert sum(bool(acts) for acts in deferrals.values()) >= 5, "10 faults at once, room for 5: the rest wait uncordoned"
+    assert all("quarantine deferred" in a.detail for a in deferred), [a.detail for a in deferred]
     assert all(r.outcome == "returned" for r in results.values()), {n: r.outcome for n, r in results.items()}
