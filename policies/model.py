@@ -163,6 +163,10 @@ class GuardPolicy(_Strict):
         default=timedelta(minutes=5),
         description="How often lease holders, waiters and quarantined nodes are reconciled with running episodes and the nodes' taints.",
     )
+    idle_recheck: Duration = Field(
+        default=timedelta(hours=1),
+        description="How often an idle guard (no lease, waiter, unhealthy node, recent fault or open breaker) wakes to count the fleet; any message wakes it at once.",
+    )
     canary: bool = Field(
         default=True,
         description="Past max_unhealthy or with the storm breaker open, leases trickle one at a time (canaries) instead of stopping; each canary validated back doubles the trickle up to max_disruptive, a failed one keeps it at one and raises the alarm.",

@@ -22,6 +22,7 @@ with workflow.unsafe.imports_passed_through():
         CANARY_FAILED,
         CANARY_PROVEN,
         LEFT_QUARANTINE,
+        PATCH_GUARD_IDLE_RECHECK,
         PATCH_GUARD_NEVER_WEDGED,
         GateRelease,
         GuardInput,
@@ -56,6 +57,7 @@ class FleetGuard(GuardBooks):
         self._relearning = None
         # Decided once per run, here: queries (read-only) read it too.
         self._never_wedged = workflow.patched(PATCH_GUARD_NEVER_WEDGED)
+        self._idle_recheck = workflow.patched(PATCH_GUARD_IDLE_RECHECK)
 
     # --- handlers ------------------------------------------------------------------------------
     @workflow.signal(name=GUARD_SIGNAL_REQUEST)

@@ -22,6 +22,7 @@ class GuardGates:
     s: GuardState
     _wake: bool
     _never_wedged: bool
+    _idle_recheck: bool
 
     def _new(self) -> bool:
         return self._never_wedged
@@ -112,9 +113,16 @@ class GuardGates:
         workflow.logger.info("storm breaker closed: %s", why)
         self.s.breaker_open, self.s.breaker_reason, self.s.calm_since = False, "", None
 
+    def _idle(self) -> bool:
+        s = self.s
+        return not (s.holders or s.waiters or s.unhealthy or s.deferred or s.breaker_open or s.fault_times
+                    or s.canary_budget or s.forced is not None or self._learning())
+
     def _next_deadline(self) -> timedelta:
         p, now = self.policy, workflow.now()
-        waits = [p.holder_check_interval]
+        # Idle, nothing is due on a clock: a message wakes the guard, and it counts the fleet then.
+        waits = [max(p.idle_recheck, p.holder_check_interval) if self._idle_recheck and self._idle()
+                 else p.holder_check_interval]
         if self.s.breaker_open and self.s.calm_since is not None:
             waits.append(p.storm_cooldown - (now - self.s.calm_since))
         if self.s.fault_times:

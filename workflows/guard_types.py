@@ -12,6 +12,8 @@ from workflows.lease import FaultNotice, LeaseRequest
 
 # workflow.patched id: canary trickle, quarantine admission, reconciliation, policy updates.
 PATCH_GUARD_NEVER_WEDGED = "guard-never-wedged"
+# workflow.patched id: an idle guard sleeps for idle_recheck, not holder_check_interval.
+PATCH_GUARD_IDLE_RECHECK = "guard-idle-recheck"
 MAX_DEFERRED_KEPT = 1000
 # Outcomes an episode reports when it ends or gives its lease back: these prove a canary.
 CANARY_PROVEN = frozenset({"validated", "returned", "replaced"})

@@ -1,0 +1,1 @@
+"""Fleet what-if: the real workflows against a month of modelled faults, in virtual time."""

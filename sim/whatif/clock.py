@@ -1,0 +1,81 @@
+"""WhatIfClock: the fleet's events in virtual time, on the time-skipping server beside the real workflows.
+
+Faults are known at the start; reboots ending, new nodes becoming Ready and faults coming back
+are scheduled while the run goes (a signal from the stand-in activities). The clock sleeps to each
+event with a workflow timer, so the server skips the quiet time between them.
+"""
+
+from __future__ import annotations
+
+import heapq
+from datetime import datetime, timedelta
+
+from pydantic import BaseModel, Field
+from temporalio import workflow
+
+CLOCK_WORKFLOW = "WhatIfClock"
+DELIVER_ACTIVITY = "whatif.deliver"
+
+
+def clock_workflow_id(task_queue: str) -> str:
+    return f"whatif-clock/{task_queue}"
+
+
+class ClockEvent(BaseModel):
+    at_s: float = Field(description="Seconds since the run's start.")
+    kind: str = Field(description="fault, recur, boot or ready.")
+    slot: int
+    fault: int | None = None  # the FaultDraw id of a fault or recurrence
+    node: str = ""  # the node a boot or ready event is for
+
+
+class ClockInput(BaseModel):
+    t0: datetime
+    end_s: float
+    events: list[ClockEvent] = Field(default_factory=list)
+    delivered: int = 0
+
+
+@workflow.defn(name=CLOCK_WORKFLOW)
+class WhatIfClock:
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, ClockEvent]] = []
+        self._n = 0
+        self._woken = False
+
+    def _push(self, ev: ClockEvent) -> None:
+        heapq.heappush(self._heap, (ev.at_s, self._n, ev))
+        self._n += 1
+
+    @workflow.signal
+    def schedule(self, ev: ClockEvent) -> None:
+        self._push(ev)
+        self._woken = True
+
+    @workflow.run
+    async def run(self, inp: ClockInput) -> int:
+        for ev in inp.events:
+            self._push(ev)
+        delivered = inp.delivered
+        while True:
+            now_s = (workflow.now() - inp.t0).total_seconds()
+            due = []
+            while self._heap and self._heap[0][0] <= now_s:
+                due.append(heapq.heappop(self._heap)[2])
+            if due:
+                await workflow.execute_activity(DELIVER_ACTIVITY, due, start_to_close_timeout=timedelta(minutes=5))
+                delivered += len(due)
+                continue
+            if now_s >= inp.end_s:
+                return delivered
+            if workflow.info().is_continue_as_new_suggested():
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                workflow.continue_as_new(inp.model_copy(update={
+                    "events": [e for _, _, e in sorted(self._heap)], "delivered": delivered}))
+            nxt = min(self._heap[0][0] if self._heap else inp.end_s, inp.end_s)
+            self._woken = False
+            try:
+                await workflow.wait_condition(lambda: self._woken, timeout=timedelta(seconds=max(nxt - now_s, 0.001)),
+                                              timeout_summary="the next fleet event")
+            except TimeoutError:
+                pass

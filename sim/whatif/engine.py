@@ -1,0 +1,224 @@
+"""One what-if run: for each policy, a fresh time-skipping server, the real NodeRemediation,
+FleetGuard and NodeAdmission on it, the stand-in fleet, and the clock driving the faults.
+
+Each policy runs in its own process (a core each, up to the machine's count); all of them meet the
+same faults, drawn from the model with one seed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+import os
+import time
+from collections import Counter
+from datetime import timedelta
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+from temporalio.api.testservice.v1 import SleepRequest
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from activities import contracts as c
+from activities.contracts import remediation_workflow_id
+from policies.loader import load_policy
+from policies.model import Policy
+from sim.whatif.clock import ClockEvent, ClockInput, WhatIfClock, clock_workflow_id
+from sim.whatif.faultmodel import FaultModel, draw_faults
+from sim.whatif.fleet import WhatIfFleet
+from workers.embedded_temporal import binary, register_search_attributes
+from workflows.fleet_guard import FleetGuard
+from workflows.node_admission import NodeAdmission
+from workflows.node_remediation import NodeRemediation
+
+BUILTIN_POLICIES = Path(__file__).resolve().parent / "policies"
+TASK_QUEUE = "whatif"
+
+
+def resolve_policy(arg: str) -> tuple[str, Policy]:
+    """A policy file, "default", or a shipped comparison policy (replace-only, reboot-then-replace)."""
+    if arg == "default":
+        return "default", load_policy("default")
+    shipped = BUILTIN_POLICIES / f"{arg}.yaml"
+    if not Path(arg).exists() and shipped.exists():
+        return arg, load_policy(shipped)
+    return Path(arg).stem, load_policy(arg)
+
+
+class PolicyOutcome(BaseModel):
+    policy: str
+    nodes: int
+    days: float
+    availability: float = Field(description="Node-hours in service / node-hours.")
+    node_hours: float
+    node_hours_lost: float
+    lost_by_cause: dict[str, float]
+    faults: int
+    faults_dropped: int = Field(description="Faults that struck a slot whose node was being replaced.")
+    episodes: dict[str, int] = Field(description="Episodes by outcome; `running` at the end of the run.")
+    kills: int
+    resets: int
+    reboots: int
+    replacements: int
+    denylisted_nodes: int
+    jobs_interrupted: int
+    p95_return_h: float | None = Field(description="95th percentile, fault to back in service, hours.")
+    availability_by_hour: list[float] = Field(default_factory=list)
+    events_per_episode: float | None = None
+    wall_s: float = 0.0
+
+
+def _p95(values: list[float]) -> float | None:
+    if not values:
+        return None
+    v = sorted(values)
+    return v[min(len(v) - 1, int(round(0.95 * (len(v) - 1))))]
+
+
+def summarize(fleet: WhatIfFleet, label: str, days: float) -> PolicyOutcome:
+    """Every figure from the slots' out-of-service intervals and the stand-ins' counts, rounded so
+    that the sub-second jitter of a real-time run never shows."""
+    end = days * 86400.0
+    hours = int(end // 3600) or 1
+    lost_h = [0.0] * hours
+    by_cause: Counter = Counter()
+    returns: list[float] = []
+    for slot in fleet.slots:
+        spans = list(slot.intervals) + ([(slot.down_since, end, slot.cause)] if slot.down_since is not None else [])
+        for start, stop, cause in spans:
+            stop_c = min(stop, end)
+            if stop_c <= start:
+                continue
+            by_cause[cause] += stop_c - start
+            if stop <= end:
+                returns.append((stop - start) / 3600.0)
+            h = int(start // 3600)
+            while h < hours and h * 3600 < stop_c:
+                lost_h[h] += min(stop_c, (h + 1) * 3600) - max(start, h * 3600)
+                h += 1
+    total_h = fleet.nodes_count * end / 3600.0
+    lost = sum(by_cause.values()) / 3600.0
+    episodes = Counter(r.outcome for r in fleet.records)
+    if fleet.open_episodes:
+        episodes["running"] = len(fleet.open_episodes)
+    k = fleet.calls
+    p95 = _p95(returns)
+    return PolicyOutcome(
+        policy=label, nodes=fleet.nodes_count, days=days,
+        availability=round(1 - lost / total_h, 6), node_hours=round(total_h, 1), node_hours_lost=round(lost, 1),
+        lost_by_cause={c: round(s / 3600.0, 1) for c, s in sorted(by_cause.items())},
+        faults=len(fleet.faults), faults_dropped=fleet.dropped, episodes=dict(sorted(episodes.items())),
+        kills=k[c.NODE_KILL] - k[c.NODE_RESET],  # a reset stops the GPU processes first: not a kill rung
+        resets=k[c.NODE_RESET], reboots=k[c.CLOUD_REBOOT], replacements=k[c.CLOUD_REPLACE],
+        denylisted_nodes=len(fleet.denylisted_nodes), jobs_interrupted=fleet.jobs_interrupted,
+        p95_return_h=None if p95 is None else round(p95, 2),
+        availability_by_hour=[round(1 - s / (fleet.nodes_count * 3600.0), 5) for s in lost_h],
+    )
+
+
+async def simulate_policy(model: FaultModel, policy_arg: str, nodes: int, days: float, seed: int,
+                          progress=None, count_events: bool = False) -> PolicyOutcome:
+    """One policy against the model's faults on a fresh time-skipping server."""
+    started = time.monotonic()
+    label, policy = resolve_policy(policy_arg)
+    env = await WorkflowEnvironment.start_time_skipping(
+        test_server_existing_path=binary("temporal-test-server"), data_converter=pydantic_data_converter)
+    try:
+        await register_search_attributes(env.client)
+        t0 = await env.get_current_time()
+        faults = draw_faults(model, nodes, days, seed)
+        fleet = WhatIfFleet(env.client, TASK_QUEUE, policy, model, faults, nodes, t0, env.get_current_time, seed)
+        detect = model.durations.detect.total_seconds()
+        clock_in = ClockInput(t0=t0, end_s=days * 86400.0, events=[
+            ClockEvent(at_s=f.at_s + detect, kind="fault", slot=f.slot, fault=f.id) for f in faults])
+        async with Worker(env.client, task_queue=TASK_QUEUE, activities=fleet.controller_activities(),
+                          workflows=[NodeRemediation, FleetGuard, NodeAdmission, WhatIfClock]):
+            handle = await env.client.start_workflow(WhatIfClock.run, clock_in, id=clock_workflow_id(TASK_QUEUE),
+                                                     task_queue=TASK_QUEUE)
+            # Skipped a day at a time: awaiting the result would skip too, but in steps of the
+            # result's long poll, which is slow over weeks.
+            end = t0 + timedelta(days=days)
+            while (now := await env.get_current_time()) < end:
+                if progress:
+                    progress((now - t0).total_seconds() / (days * 86400.0))
+                step = SleepRequest()
+                step.duration.FromTimedelta(min(end - now, timedelta(days=1)) + timedelta(seconds=1))
+                # Returns once the server's clock has run the step: as long as the day's work takes.
+                await env.client.test_service.unlock_time_skipping_with_sleep(step, timeout=timedelta(minutes=30))
+            await handle.result()
+            out = summarize(fleet, label, days)
+            if count_events:
+                out.events_per_episode = await _events_per_episode(env, fleet)
+            await fleet.stop_workers()
+    finally:
+        await env.shutdown()
+    out.wall_s = round(time.monotonic() - started, 1)
+    return out
+
+
+async def _events_per_episode(env: WorkflowEnvironment, fleet: WhatIfFleet) -> float | None:
+    """History events of each node's last episode run (a continued run counts from its start)."""
+    lengths = []
+    for name in sorted(fleet.episode_names):
+        desc = await env.client.get_workflow_handle(remediation_workflow_id(name)).describe()
+        lengths.append(desc.raw_description.workflow_execution_info.history_length)
+    return round(sum(lengths) / len(lengths), 1) if lengths else None
+
+
+def _child(model_json: str, policy_arg: str, nodes: int, days: float, seed: int, index: int, shared, results,
+           count_events: bool) -> None:
+    def progress(frac: float) -> None:
+        shared[index] = frac
+    try:
+        model = FaultModel.model_validate_json(model_json)
+        out = asyncio.run(simulate_policy(model, policy_arg, nodes, days, seed, progress, count_events))
+        results.put((index, out.model_dump_json(), None))
+    except BaseException as err:  # noqa: BLE001 - said by the parent, with the policy's name
+        results.put((index, None, f"{type(err).__name__}: {err}"))
+
+
+class WhatIfError(RuntimeError):
+    pass
+
+
+def run_whatif(model: FaultModel, policies: list[str], nodes: int, days: float, seed: int,
+               on_progress=None, count_events: bool = False, jobs: int | None = None) -> list[PolicyOutcome]:
+    """Every policy, each in its own process, at most `jobs` (default: the cores) at once."""
+    for arg in policies:
+        resolve_policy(arg)  # a bad policy file is refused before anything starts
+    ctx = mp.get_context("spawn")
+    shared = ctx.Array("d", len(policies))
+    results = ctx.Queue()
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(policies)))
+    pending = list(enumerate(policies))
+    running: dict[int, mp.Process] = {}
+    done: dict[int, PolicyOutcome] = {}
+    errors: list[str] = []
+    model_json = model.model_dump_json()
+    while pending or running:
+        while pending and len(running) < jobs:
+            i, arg = pending.pop(0)
+            p = ctx.Process(target=_child, args=(model_json, arg, nodes, days, seed, i, shared, results, count_events),
+                            daemon=True)
+            p.start()
+            running[i] = p
+        try:
+            i, payload, err = results.get(timeout=0.5)
+            running.pop(i).join()
+            if err:
+                errors.append(f"policy {policies[i]}: {err}")
+            else:
+                done[i] = PolicyOutcome.model_validate_json(payload)
+                shared[i] = 1.0
+        except Exception:  # noqa: BLE001 - queue.Empty: a progress beat
+            for i, p in list(running.items()):
+                if not p.is_alive() and p.exitcode != 0:  # a clean exit has put its result
+                    running.pop(i)
+                    errors.append(f"policy {policies[i]}: its process exited with {p.exitcode}")
+        if on_progress:
+            on_progress([shared[i] for i in range(len(policies))])
+    if errors:
+        raise WhatIfError("; ".join(errors))
+    return [done[i] for i in range(len(policies))]

@@ -1,0 +1,134 @@
+"""The fault model of a what-if run (README "Fleet what-if"), and the faults it draws for a fleet.
+
+The draws depend on the model, the fleet and the seed only, never on the policy: every policy of
+one run meets the same faults at the same times (common random numbers make the comparison fair).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from datetime import timedelta
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from policies.durations import Duration
+from policies.findings import FindingKind
+from policies.loader import describe_validation_error
+from policies.model import Rung
+
+BUILTIN_MODELS = Path(__file__).resolve().parents[1] / "faultmodels"
+NODE_WIDE = {FindingKind.NIC_PORTS_DOWN}  # findings that name no GPU
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class FaultFinding(_Strict):
+    kind: FindingKind = Field(description="What the health agent reports for this class.")
+    xid: int | None = Field(default=None, ge=0, description="The Xid, for kind xid.")
+
+    @model_validator(mode="after")
+    def _xid_given(self) -> FaultFinding:
+        if (self.kind is FindingKind.XID) != (self.xid is not None):
+            raise ValueError("an xid is given exactly when kind is xid")
+        return self
+
+
+class Recurrence(_Strict):
+    probability: float = Field(default=0.0, ge=0, le=1, description="Chance the fault comes back after a cure short of replacement.")
+    window: Duration = Field(default=timedelta(days=7), description="It comes back uniformly within this long after the node returns.")
+
+
+class FaultClass(_Strict):
+    rate: float = Field(gt=0, description="Faults per 1,000 node-days.")
+    finding: FaultFinding
+    cured_by: dict[Rung, float] = Field(description="Probability that each rung is the lowest that cures it (sums to 1).")
+    recurrence: Recurrence = Field(default_factory=Recurrence)
+
+    @model_validator(mode="after")
+    def _sums_to_one(self) -> FaultClass:
+        total = sum(self.cured_by.values())
+        if not self.cured_by or abs(total - 1.0) > 1e-6 or any(p < 0 for p in self.cured_by.values()):
+            raise ValueError(f"cured_by: probabilities must be at least 0 and sum to 1 (they sum to {total:g})")
+        return self
+
+
+class Durations(_Strict):
+    """How long each action takes in the fleet. The test server holds its clock while an activity
+    runs, so kill, reset and validation are added to the node's time out of service; a reboot and a
+    replacement take their time in the workflows' own clock (the report from a new boot, the new node)."""
+
+    detect: Duration = Field(default=timedelta(minutes=1), description="From the fault to the agent's report.")
+    kill: Duration = Field(default=timedelta(seconds=30), description="Stopping a node's GPU processes.")
+    reset: Duration = Field(default=timedelta(minutes=2), description="One GPU reset.")
+    reboot: Duration = Field(default=timedelta(minutes=10), description="From the reboot call to the agent's first report.")
+    replacement: Duration = Field(default=timedelta(hours=4), description="From terminate until a new node is Ready.")
+    validation: Duration = Field(default=timedelta(minutes=5), description="One validation run (DCGM diag).")
+
+
+class FaultModel(_Strict):
+    name: str
+    utilization: float = Field(default=1.0, ge=0, le=1, description="Share of nodes running a job at any time.")
+    durations: Durations = Field(default_factory=Durations)
+    classes: dict[str, FaultClass] = Field(min_length=1, description="Fault classes by name.")
+
+
+class FaultModelError(ValueError):
+    def __init__(self, source: str, problems: list[str]):
+        self.source, self.problems = source, problems
+        super().__init__(f"{source}: " + "; ".join(problems))
+
+
+def load_fault_model(path: str | Path) -> FaultModel:
+    """A fault model file, or the name of a shipped one (sim/faultmodels/NAME.yaml)."""
+    p = Path(path)
+    if not p.exists() and (BUILTIN_MODELS / f"{path}.yaml").exists():
+        p = BUILTIN_MODELS / f"{path}.yaml"
+    try:
+        data = yaml.safe_load(p.read_text())
+    except OSError as err:
+        raise FaultModelError(str(p), [f"(file): cannot read: {err.strerror}"]) from None
+    except yaml.YAMLError as err:
+        raise FaultModelError(str(p), [f"(file): not valid YAML: {err}"]) from None
+    try:
+        return FaultModel.model_validate(data)
+    except ValidationError as err:
+        raise FaultModelError(str(p), describe_validation_error(err)) from None
+
+
+class FaultDraw(BaseModel):
+    """One fault: when, where, what, what cures it, and whether it comes back."""
+
+    id: int
+    at_s: float
+    slot: int
+    fault_class: str
+    gpu: int
+    cured_by: Rung
+    recurs_after_s: float | None = None  # after the node returns to service, if it comes back
+
+
+def draw_faults(model: FaultModel, nodes: int, days: float, seed: int, gpus: int = 8) -> list[FaultDraw]:
+    """Poisson arrivals per class over the fleet, in time order, at whole seconds."""
+    rng = random.Random(seed)
+    span = days * 86400.0
+    out: list[FaultDraw] = []
+    for name in sorted(model.classes):
+        fc = model.classes[name]
+        per_s = fc.rate / 1000.0 * nodes / 86400.0
+        t = rng.expovariate(per_s) if per_s > 0 else math.inf
+        rungs = sorted(fc.cured_by, key=lambda r: r.rank)
+        while t < span:
+            cured_by = rng.choices(rungs, weights=[fc.cured_by[r] for r in rungs])[0]
+            recurs = rng.random() < fc.recurrence.probability
+            delay = rng.uniform(0, fc.recurrence.window.total_seconds())
+            out.append(FaultDraw(id=0, at_s=float(int(t)), slot=rng.randrange(nodes), fault_class=name,
+                                 gpu=rng.randrange(gpus), cured_by=cured_by,
+                                 recurs_after_s=float(int(delay)) if recurs else None))
+            t += rng.expovariate(per_s)
+    out.sort(key=lambda f: (f.at_s, f.slot, f.fault_class))
+    return [f.model_copy(update={"id": i}) for i, f in enumerate(out)]
