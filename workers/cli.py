@@ -222,6 +222,39 @@ def cmd_simulate(args) -> int:
     return 1 if doc.get("deadline_passed") else 0
 
 
+def cmd_whatif(args) -> int:
+    from policies.loader import PolicyError
+    from sim.whatif.engine import WhatIfError, run_whatif
+    from sim.whatif.faultmodel import FaultModelError, load_fault_model
+    from sim.whatif.report import ProgressBar, outcome_table, plot
+
+    policies = args.policies or ["default", "replace-only"]
+    if args.nodes < 1 or not 0 < args.days <= 366:
+        print("gpuheal whatif: --nodes must be at least 1 and --days between 0 and 366", file=sys.stderr)
+        return 2
+    try:
+        model = load_fault_model(args.faults)
+        outcomes = run_whatif(model, policies, args.nodes, args.days, args.seed,
+                              on_progress=ProgressBar(policies), jobs=args.jobs)
+    except (FaultModelError, PolicyError) as err:
+        for problem in err.problems:
+            print(f"{err.source}: {problem}", file=sys.stderr)
+        return 2
+    except WhatIfError as err:
+        return _fail(f"gpuheal whatif: {err}")
+    if args.plot:
+        plot(outcomes, args.plot)
+    if args.json:
+        _print_json({"model": model.name, "nodes": args.nodes, "days": args.days, "seed": args.seed,
+                     "policies": [o.model_dump(mode="json") for o in outcomes]})
+    else:
+        print(f"{model.name}: {args.nodes} nodes, {args.days:g} days, seed {args.seed}")
+        print(outcome_table(outcomes))
+        if args.plot:
+            print(f"plot: {args.plot}")
+    return 0
+
+
 DEMO_PORTS = {"Temporal frontend": 7233, "Temporal UI": 8233}
 
 

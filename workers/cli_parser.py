@@ -96,6 +96,20 @@ def build_parser() -> argparse.ArgumentParser:
     add_temporal_args(sim, embedded=True)
     sim.set_defaults(func=cli.cmd_simulate)
 
+    whatif = sub.add_parser("whatif", help="run policies against a modelled month of faults in virtual time, "
+                                           "print availability and what each did")
+    whatif.add_argument("faults", help="fault model YAML, or a shipped one by name (large-cluster)")
+    whatif.add_argument("--nodes", type=int, default=1000, help="fleet size")
+    whatif.add_argument("--days", type=float, default=30.0, help="virtual days to run")
+    whatif.add_argument("--policy", action="append", dest="policies", metavar="POLICY",
+                        help="policy file, default, replace-only or reboot-then-replace; again to compare "
+                             "(default: default and replace-only)")
+    whatif.add_argument("--seed", type=int, default=1, help="the faults drawn: one seed, the same faults for every policy")
+    whatif.add_argument("--json", action="store_true")
+    whatif.add_argument("--plot", metavar="OUT.png", help="draw availability over time and node-hours lost by cause")
+    whatif.add_argument("--jobs", type=int, default=None, help="policies run at once, one process each (default: cores)")
+    whatif.set_defaults(func=cli.cmd_whatif)
+
     demo = sub.add_parser("demo", help="the whole system on this machine with the built-in scenario")
     demo.add_argument("--keep", action="store_true", help="leave everything running until Ctrl-C")
     add_temporal_args(demo, embedded=True)

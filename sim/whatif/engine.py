@@ -18,6 +18,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 from temporalio.api.testservice.v1 import SleepRequest
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.runtime import LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
@@ -68,6 +69,13 @@ class PolicyOutcome(BaseModel):
     availability_by_hour: list[float] = Field(default_factory=list)
     events_per_episode: float | None = None
     wall_s: float = 0.0
+
+
+def _quiet_runtime() -> Runtime:
+    """The SDK's own warnings, one per node worker (the test server lacks a capability), would bury
+    the run's output: errors only."""
+    return Runtime(telemetry=TelemetryConfig(logging=LoggingConfig(
+        filter=TelemetryFilter(core_level="ERROR", other_level="ERROR"))))
 
 
 def _p95(values: list[float]) -> float | None:
@@ -124,7 +132,8 @@ async def simulate_policy(model: FaultModel, policy_arg: str, nodes: int, days: 
     started = time.monotonic()
     label, policy = resolve_policy(policy_arg)
     env = await WorkflowEnvironment.start_time_skipping(
-        test_server_existing_path=binary("temporal-test-server"), data_converter=pydantic_data_converter)
+        test_server_existing_path=binary("temporal-test-server"), data_converter=pydantic_data_converter,
+        runtime=_quiet_runtime())
     try:
         await register_search_attributes(env.client)
         t0 = await env.get_current_time()
@@ -171,6 +180,7 @@ def _child(model_json: str, policy_arg: str, nodes: int, days: float, seed: int,
            count_events: bool) -> None:
     def progress(frac: float) -> None:
         shared[index] = frac
+    os.dup2(2, 1)  # the parent's stdout is for its table or JSON document
     try:
         model = FaultModel.model_validate_json(model_json)
         out = asyncio.run(simulate_policy(model, policy_arg, nodes, days, seed, progress, count_events))
