@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing as mp
 import os
+import sys
 import time
 from collections import Counter
 from datetime import timedelta
@@ -187,6 +188,11 @@ def _child(model_json: str, policy_arg: str, nodes: int, days: float, seed: int,
         results.put((index, out.model_dump_json(), None))
     except BaseException as err:  # noqa: BLE001 - said by the parent, with the policy's name
         results.put((index, None, f"{type(err).__name__}: {err}"))
+    # Leave without interpreter finalization: the SDK's native threads can hang it (see workers.cli.entry).
+    results.close()
+    results.join_thread()
+    sys.stdout.flush()
+    os._exit(0)
 
 
 class WhatIfError(RuntimeError):
@@ -216,7 +222,10 @@ def run_whatif(model: FaultModel, policies: list[str], nodes: int, days: float, 
             running[i] = p
         try:
             i, payload, err = results.get(timeout=0.5)
-            running.pop(i).join()
+            child = running.pop(i)
+            child.join(timeout=30)
+            if child.is_alive():
+                child.kill()
             if err:
                 errors.append(f"policy {policies[i]}: {err}")
             else:

@@ -12,7 +12,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from policies.durations import Duration
 from policies.findings import FindingKind
@@ -57,6 +57,11 @@ class FaultClass(_Strict):
         return self
 
 
+def _on_grid(d: timedelta) -> timedelta:
+    """Whole multiples of 10 s, the grid the what-if fleet's clock reads (sim/whatif/fleet.py)."""
+    return timedelta(seconds=round(d.total_seconds() / 10) * 10)
+
+
 class Durations(_Strict):
     """How long each action takes in the fleet. The test server holds its clock while an activity
     runs, so kill, reset and validation are added to the node's time out of service; a reboot and a
@@ -68,6 +73,11 @@ class Durations(_Strict):
     reboot: Duration = Field(default=timedelta(minutes=10), description="From the reboot call to the agent's first report.")
     replacement: Duration = Field(default=timedelta(hours=4), description="From terminate until a new node is Ready.")
     validation: Duration = Field(default=timedelta(minutes=5), description="One validation run (DCGM diag).")
+
+    @field_validator("*")
+    @classmethod
+    def _grid(cls, d: timedelta) -> timedelta:
+        return _on_grid(d)
 
 
 class FaultModel(_Strict):
@@ -113,7 +123,7 @@ class FaultDraw(BaseModel):
 
 
 def draw_faults(model: FaultModel, nodes: int, days: float, seed: int, gpus: int = 8) -> list[FaultDraw]:
-    """Poisson arrivals per class over the fleet, in time order, at whole seconds."""
+    """Poisson arrivals per class over the fleet, in time order, at whole minutes."""
     rng = random.Random(seed)
     span = days * 86400.0
     out: list[FaultDraw] = []
@@ -126,9 +136,9 @@ def draw_faults(model: FaultModel, nodes: int, days: float, seed: int, gpus: int
             cured_by = rng.choices(rungs, weights=[fc.cured_by[r] for r in rungs])[0]
             recurs = rng.random() < fc.recurrence.probability
             delay = rng.uniform(0, fc.recurrence.window.total_seconds())
-            out.append(FaultDraw(id=0, at_s=float(int(t)), slot=rng.randrange(nodes), fault_class=name,
+            out.append(FaultDraw(id=0, at_s=float(int(t) // 60 * 60), slot=rng.randrange(nodes), fault_class=name,
                                  gpu=rng.randrange(gpus), cured_by=cured_by,
-                                 recurs_after_s=float(int(delay)) if recurs else None))
+                                 recurs_after_s=float(int(delay) // 60 * 60) if recurs else None))
             t += rng.expovariate(per_s)
     out.sort(key=lambda f: (f.at_s, f.slot, f.fault_class))
     return [f.model_copy(update={"id": i}) for i, f in enumerate(out)]

@@ -9,6 +9,7 @@ rebooting, gone or not yet admitted.
 from __future__ import annotations
 
 import asyncio
+import math
 import contextlib
 import random
 from collections import Counter
@@ -30,6 +31,7 @@ from sim.whatif.faultmodel import NODE_WIDE, FaultDraw, FaultModel
 from workers.reporting import send_report, start_admission
 
 GPUS = 8
+GRID_S = 10.0  # the fault model's times and the policies' timers are multiples of it
 
 
 @dataclass
@@ -110,9 +112,12 @@ class WhatIfFleet:
 
     # --- virtual time ---------------------------------------------------------------------------
     async def now(self) -> float:
-        """Seconds since the start, on the test server's clock: it holds still while an activity
-        runs. (A local activity's schedule time is the worker's wall clock, so it cannot say.)"""
-        return (await self.clock() - self.t0).total_seconds()
+        """Seconds since the start, on the test server's clock, on a GRID_S grid. The server's clock
+        runs with the wall clock while work is in flight, so each step lands some milliseconds
+        after its modelled time; every modelled time is on the grid, and flooring to it gives every
+        run of one seed the same figures. (A local activity's schedule time is the worker's wall
+        clock, so it cannot say.)"""
+        return math.floor((await self.clock() - self.t0).total_seconds() / GRID_S) * GRID_S
 
     def at(self, now: float) -> datetime:
         return self.t0 + timedelta(seconds=now)

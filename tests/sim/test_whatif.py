@@ -1,0 +1,99 @@
+"""Fleet what-if: the real workflows on the time-skipping server against modelled faults."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sim.whatif.engine import run_whatif, simulate_policy
+from sim.whatif.faultmodel import FaultModel, FaultModelError, draw_faults, load_fault_model
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def model(text: str) -> FaultModel:
+    import yaml
+
+    return FaultModel.model_validate(yaml.safe_load(text))
+
+
+BUSY = """
+name: busy
+classes:
+  memory: {rate: 40, finding: {kind: ecc_dbe}, cured_by: {reset: 0.5, reboot: 0.3, replace: 0.2},
+           recurrence: {probability: 0.3, window: 2d}}
+  lost: {rate: 20, finding: {kind: xid, xid: 79}, cured_by: {reboot: 0.7, replace: 0.3}}
+  app: {rate: 10, finding: {kind: xid, xid: 13}, cured_by: {kill: 1.0}}
+"""
+
+
+def test_a_bad_fault_model_is_refused_with_the_key_named(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nclasses:\n  a: {rate: 1, finding: {kind: xid}, cured_by: {reset: 0.5}, colour: red}\n")
+    with pytest.raises(FaultModelError) as err:
+        load_fault_model(bad)
+    text = "; ".join(err.value.problems)
+    assert "classes.a.colour: unknown key" in text
+    assert "classes.a.finding: an xid is given exactly when kind is xid" in text
+    run = subprocess.run([sys.executable, "-m", "workers.cli", "whatif", str(bad), "--nodes", "5", "--days", "1"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "classes.a.colour: unknown key" in run.stderr, run.stderr
+    bad.write_text("name: x\nclasses:\n  a: {rate: 1, finding: {kind: ecc_dbe}, cured_by: {reset: 0.5, reboot: 0.2}}\n")
+    with pytest.raises(FaultModelError, match="classes.a: cured_by: probabilities must be at least 0 and sum to 1"):
+        load_fault_model(bad)
+
+
+def test_the_shipped_model_loads_and_its_rates_are_in_the_published_range():
+    m = load_fault_model("large-cluster")
+    total = sum(c.rate for c in m.classes.values())
+    assert 2.0 <= total <= 7.0, f"{total} per 1,000 node-days: outside Meta's 2-7"
+
+
+def test_the_faults_drawn_depend_on_the_seed_only():
+    m = model(BUSY)
+    a, b = draw_faults(m, 100, 10, seed=7), draw_faults(m, 100, 10, seed=7)
+    assert a == b and len(a) > 30
+    assert draw_faults(m, 100, 10, seed=8) != a
+    assert all(x.at_s <= y.at_s for x, y in zip(a, a[1:], strict=False))
+
+
+@pytest.mark.timeout(300)
+async def test_a_fault_cured_by_reset_is_reset_by_default_and_replaced_by_replace_only():
+    """The stand-in fleet obeys the model: what the ladder does shows in the counts."""
+    m = model("name: resets\nclasses:\n  mem: {rate: 60, finding: {kind: ecc_dbe}, cured_by: {reset: 1.0}}\n")
+    faults = len(draw_faults(m, 30, 5, seed=3))
+    default = await simulate_policy(m, "default", 30, 5, 3)
+    assert faults >= 4 and default.faults == faults
+    assert default.resets == faults and default.replacements == 0 and default.reboots == 0
+    assert default.episodes == {"returned": faults}
+    assert default.jobs_interrupted <= faults and default.node_hours_lost > 0
+    replace = await simulate_policy(m, "replace-only", 30, 5, 3)
+    assert replace.replacements == faults and replace.resets == 0 and replace.denylisted_nodes == faults
+    assert replace.node_hours_lost > default.node_hours_lost
+
+
+@pytest.mark.timeout(600)
+def test_one_seed_gives_the_same_numbers_twice():
+    """50 nodes for 10 days, twice at once (two processes, two servers): every figure equal."""
+    m = model(BUSY)
+    a, b = run_whatif(m, ["default", "default"], 50, 10, seed=11, jobs=2)
+    assert a.faults >= 20, a.faults
+    assert a.model_dump(exclude={"wall_s"}) == b.model_dump(exclude={"wall_s"})
+
+
+@pytest.mark.timeout(600)
+def test_the_default_policy_loses_fewer_node_hours_than_replace_only_on_the_shipped_model():
+    run = subprocess.run([sys.executable, "-m", "workers.cli", "whatif", "large-cluster", "--nodes", "300",
+                          "--days", "30", "--policy", "default", "--policy", "replace-only", "--json"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=580)
+    assert run.returncode == 0, run.stderr[-2000:]
+    doc = json.loads(run.stdout)
+    default, replace = doc["policies"]
+    assert default["faults"] == replace["faults"] >= 10
+    assert default["node_hours_lost"] < replace["node_hours_lost"]
+    assert default["availability"] > replace["availability"]
+    assert default["replacements"] < replace["replacements"]
