@@ -37,6 +37,11 @@ from workflows.node_remediation import NodeRemediation
 
 BUILTIN_POLICIES = Path(__file__).resolve().parent / "policies"
 TASK_QUEUE = "whatif"
+STALL_S = 300.0  # wall seconds one virtual day may take before the run is called stuck
+
+
+class WhatIfError(RuntimeError):
+    pass
 
 
 def resolve_policy(arg: str) -> tuple[str, Policy]:
@@ -76,7 +81,7 @@ def _quiet_runtime() -> Runtime:
     """The SDK's own warnings, one per node worker (the test server lacks a capability), would bury
     the run's output: errors only."""
     return Runtime(telemetry=TelemetryConfig(logging=LoggingConfig(
-        filter=TelemetryFilter(core_level="ERROR", other_level="ERROR"))))
+        filter=TelemetryFilter(core_level=os.environ.get("WHATIF_SDK_LOG", "ERROR"), other_level=os.environ.get("WHATIF_SDK_LOG", "ERROR")))))
 
 
 def _p95(values: list[float]) -> float | None:
@@ -156,7 +161,15 @@ async def simulate_policy(model: FaultModel, policy_arg: str, nodes: int, days: 
                 step = SleepRequest()
                 step.duration.FromTimedelta(min(end - now, timedelta(days=1)) + timedelta(seconds=1))
                 # Returns once the server's clock has run the step: as long as the day's work takes.
-                await env.client.test_service.unlock_time_skipping_with_sleep(step, timeout=timedelta(minutes=30))
+                try:
+                    await asyncio.wait_for(env.client.test_service.unlock_time_skipping_with_sleep(
+                        step, timeout=timedelta(seconds=STALL_S + 60)),
+                                           STALL_S)
+                except TimeoutError:
+                    raise WhatIfError(
+                        f"the test server's clock stopped at day {(now - t0).total_seconds() / 86400:.2f} for "
+                        f"{STALL_S:.0f} s: a workflow no longer gets tasks (a timer and a signal at one "
+                        "instant; see sim/whatif/clock.off_grid); run again with another --seed") from None
             await handle.result()
             out = summarize(fleet, label, days)
             if count_events:
@@ -193,10 +206,6 @@ def _child(model_json: str, policy_arg: str, nodes: int, days: float, seed: int,
     results.join_thread()
     sys.stdout.flush()
     os._exit(0)
-
-
-class WhatIfError(RuntimeError):
-    pass
 
 
 def run_whatif(model: FaultModel, policies: list[str], nodes: int, days: float, seed: int,

@@ -9,8 +9,8 @@ rebooting, gone or not yet admitted.
 from __future__ import annotations
 
 import asyncio
-import math
 import contextlib
+import math
 import random
 from collections import Counter
 from collections.abc import Awaitable, Callable
