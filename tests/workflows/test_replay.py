@@ -33,6 +33,8 @@ def load(path: Path) -> WorkflowHistory:
 def test_every_required_path_is_recorded():
     assert REQUIRED_PATHS | DO_NO_HARM_PATHS <= {p.stem for p in HISTORIES if p.parent == ROOT}
     assert GUARD_PATHS <= {p.stem for p in GUARD.glob("*.json")}
+    for before in (d for d in GUARD.iterdir() if d.is_dir()):
+        assert GUARD_PATHS <= {p.stem for p in before.glob("*.json")}, f"guard/{before.name}: a path is missing"
     for before in (d for d in ROOT.iterdir() if d.is_dir() and d != GUARD):
         assert REQUIRED_PATHS <= {p.stem for p in before.glob("*.json")}, f"{before.name}: a path is missing"
 
@@ -43,7 +45,7 @@ async def test_history_replays(path: Path):
     await replayer.replay_workflow(load(path))
 
 
-@pytest.mark.parametrize("path", sorted(GUARD.glob("*.json")), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", sorted(GUARD.rglob("*.json")), ids=lambda p: str(p.relative_to(GUARD).with_suffix("")))
 async def test_guard_history_replays(path: Path):
     history = WorkflowHistory.from_json(f"fleet-guard/{path.stem}", json.loads(path.read_text()))
     replayer = Replayer(workflows=[FleetGuard], data_converter=pydantic_data_converter)
