@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import multiprocessing as mp
 import os
+import queue
+import signal
 import sys
 import time
 from collections import Counter
@@ -42,6 +44,16 @@ STALL_S = 300.0  # wall seconds one virtual day may take before the run is calle
 
 class WhatIfError(RuntimeError):
     pass
+
+
+def _stop(child: mp.Process) -> None:
+    """A child still running, and its test server, killed (its process group)."""
+    if child.is_alive() and child.pid:
+        try:
+            os.killpg(child.pid, signal.SIGKILL)
+        except ProcessLookupError:  # not yet its own group
+            child.kill()
+        child.join(timeout=5)
 
 
 def resolve_policy(arg: str) -> tuple[str, Policy]:
@@ -194,6 +206,7 @@ def _child(model_json: str, policy_arg: str, nodes: int, days: float, seed: int,
            count_events: bool) -> None:
     def progress(frac: float) -> None:
         shared[index] = frac
+    os.setpgrp()  # its own process group, with its test server: the parent can stop both (_stop)
     os.dup2(2, 1)  # the parent's stdout is for its table or JSON document
     try:
         model = FaultModel.model_validate_json(model_json)
@@ -222,31 +235,35 @@ def run_whatif(model: FaultModel, policies: list[str], nodes: int, days: float, 
     done: dict[int, PolicyOutcome] = {}
     errors: list[str] = []
     model_json = model.model_dump_json()
-    while pending or running:
-        while pending and len(running) < jobs:
-            i, arg = pending.pop(0)
-            p = ctx.Process(target=_child, args=(model_json, arg, nodes, days, seed, i, shared, results, count_events),
-                            daemon=True)
-            p.start()
-            running[i] = p
-        try:
-            i, payload, err = results.get(timeout=0.5)
-            child = running.pop(i)
-            child.join(timeout=30)
-            if child.is_alive():
-                child.kill()
-            if err:
-                errors.append(f"policy {policies[i]}: {err}")
+    try:
+        while pending or running:
+            while pending and len(running) < jobs:
+                i, arg = pending.pop(0)
+                p = ctx.Process(target=_child, daemon=True,
+                                args=(model_json, arg, nodes, days, seed, i, shared, results, count_events))
+                p.start()
+                running[i] = p
+            try:
+                i, payload, err = results.get(timeout=0.5)
+            except queue.Empty:  # a progress beat
+                for i, p in list(running.items()):
+                    if not p.is_alive() and p.exitcode != 0:  # a clean exit has put its result
+                        running.pop(i)
+                        errors.append(f"policy {policies[i]}: its process exited with {p.exitcode}")
             else:
-                done[i] = PolicyOutcome.model_validate_json(payload)
-                shared[i] = 1.0
-        except Exception:  # noqa: BLE001 - queue.Empty: a progress beat
-            for i, p in list(running.items()):
-                if not p.is_alive() and p.exitcode != 0:  # a clean exit has put its result
-                    running.pop(i)
-                    errors.append(f"policy {policies[i]}: its process exited with {p.exitcode}")
-        if on_progress:
-            on_progress([shared[i] for i in range(len(policies))])
+                child = running.pop(i)
+                child.join(timeout=30)
+                _stop(child)
+                if err:
+                    errors.append(f"policy {policies[i]}: {err}")
+                else:
+                    done[i] = PolicyOutcome.model_validate_json(payload)
+                    shared[i] = 1.0
+            if on_progress:
+                on_progress([shared[i] for i in range(len(policies))])
+    finally:  # interrupted (Ctrl-C, a deadline): no child or test server is left behind
+        for p in running.values():
+            _stop(p)
     if errors:
         raise WhatIfError("; ".join(errors))
     return [done[i] for i in range(len(policies))]

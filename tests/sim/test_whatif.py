@@ -97,3 +97,43 @@ def test_the_default_policy_loses_fewer_node_hours_than_replace_only_on_the_ship
     assert default["node_hours_lost"] < replace["node_hours_lost"]
     assert default["availability"] > replace["availability"]
     assert default["replacements"] < replace["replacements"]
+
+
+def _test_servers_under(pid: int) -> set[int]:
+    """temporal-test-server processes whose parent is a child of `pid` (a policy's process)."""
+    def parent(p: str) -> int:
+        return int(Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    found = set()
+    for p in (p for p in Path("/proc").iterdir() if p.name.isdigit()):
+        try:
+            if b"temporal-test-server" in (p / "cmdline").read_bytes() and parent(str(parent(p.name))) == pid:
+                found.add(int(p.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+@pytest.mark.timeout(120)
+def test_an_interrupted_run_leaves_no_process_behind():
+    """Ctrl-C on a long run: the policies' processes and their test servers are gone with it."""
+    import os
+    import signal
+    import time
+
+    cli = subprocess.Popen([sys.executable, "-m", "workers.cli", "whatif", "large-cluster", "--nodes", "1000",
+                            "--days", "300", "--jobs", "2"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(servers := _test_servers_under(cli.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert len(servers) == 2, "both policies' test servers should be running"
+        os.kill(cli.pid, signal.SIGINT)
+        cli.wait(timeout=30)
+        time.sleep(1)
+        left = {p for p in servers if Path(f"/proc/{p}").exists()
+                and Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"}
+        assert not left, f"test servers left running: {left}"
+    finally:
+        if cli.poll() is None:
+            os.killpg(cli.pid, signal.SIGKILL)
