@@ -55,8 +55,8 @@ async def _why_no_answer(client: Client, handle: WorkflowHandle) -> str:
     return f"{handle.id} did not answer within {ANSWER_DEADLINE.total_seconds():.0f} s ({len(resp.pollers)} pollers on {queue!r})"
 
 
-async def query_status(client: Client, handle: WorkflowHandle, query=None):
-    return await ask(client, handle, lambda t: handle.query(query or NodeRemediation.status, rpc_timeout=t))
+async def query_status(client: Client, handle: WorkflowHandle):
+    return await ask(client, handle, lambda t: handle.query(NodeRemediation.status, rpc_timeout=t))
 
 
 async def _running(client: Client, node: str):
