@@ -22,8 +22,10 @@ class Clock:
 
 
 async def signals(handle) -> int:
+    """The agent's reports in the episode's history (the guard's answers are signals too)."""
     events = [e async for e in handle.fetch_history_events()]
-    return sum(1 for e in events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED)
+    return sum(1 for e in events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
+               and e.workflow_execution_signaled_event_attributes.signal_name == "report")
 
 
 async def test_agent_signals_once_per_transition_and_resends(ts_env, uniq, tmp_path):
