@@ -31,14 +31,15 @@ class ClockEvent(BaseModel):
 
 
 def off_grid(at_s: float, key: str) -> float:
-    """An event's time moved 2-8 s (to the millisecond, fixed by `key`) past its grid point.
+    """An event's time moved 1-4 s (to the millisecond, fixed by `key`) past its grid point.
 
     The policies' timers are whole multiples of the 10 s grid, so a guard or clock deadline derived
     from one event lands on another event's grid point. A signal and a timer at one instant trip the
     time-skipping test server (a completion that cancels a timer it has just fired answers "invalid
     history builder state for action", and that workflow never gets another task). Off the grid,
-    the two meet only within the same millisecond; the fleet's clock still reads the grid point."""
-    return at_s + 2.0 + (zlib.crc32(key.encode()) % 6000) / 1000.0
+    the two meet only within the same millisecond. The fleet's clock still reads the grid point, for
+    work that runs up to 6 s of wall time late."""
+    return at_s + 1.0 + (zlib.crc32(key.encode()) % 3000) / 1000.0
 
 
 class ClockInput(BaseModel):

@@ -114,7 +114,7 @@ class WhatIfFleet:
     async def now(self) -> float:
         """Seconds since the start, on the test server's clock, on a GRID_S grid. The server's clock
         runs with the wall clock while work is in flight, so each step lands some milliseconds
-        after its modelled time; every modelled time is on the grid (the clock fires each event 2-8 s
+        after its modelled time; every modelled time is on the grid (the clock fires each event 1-4 s
         past it: clock.off_grid), and flooring to it gives every run of one seed the same figures. (A local activity's schedule time is the worker's wall
         clock, so it cannot say.)"""
         return math.floor((await self.clock() - self.t0).total_seconds() / GRID_S) * GRID_S
