@@ -91,9 +91,11 @@ class PolicyOutcome(BaseModel):
 
 def _quiet_runtime() -> Runtime:
     """The SDK's own warnings, one per node worker (the test server lacks a capability), would bury
-    the run's output: errors only."""
+    the run's output: errors only, unless WHATIF_SDK_LOG names a level (WARN showed the test
+    server refusing a completion, see clock.off_grid)."""
+    level = os.environ.get("WHATIF_SDK_LOG", "ERROR")
     return Runtime(telemetry=TelemetryConfig(logging=LoggingConfig(
-        filter=TelemetryFilter(core_level=os.environ.get("WHATIF_SDK_LOG", "ERROR"), other_level=os.environ.get("WHATIF_SDK_LOG", "ERROR")))))
+        filter=TelemetryFilter(core_level=level, other_level=level))))
 
 
 def _p95(values: list[float]) -> float | None:
@@ -173,10 +175,10 @@ async def simulate_policy(model: FaultModel, policy_arg: str, nodes: int, days: 
                 step = SleepRequest()
                 step.duration.FromTimedelta(min(end - now, timedelta(days=1)) + timedelta(seconds=1))
                 # Returns once the server's clock has run the step: as long as the day's work takes.
+                sleep = env.client.test_service.unlock_time_skipping_with_sleep(
+                    step, timeout=timedelta(seconds=STALL_S + 60))  # the RPC's own deadline, a backstop
                 try:
-                    await asyncio.wait_for(env.client.test_service.unlock_time_skipping_with_sleep(
-                        step, timeout=timedelta(seconds=STALL_S + 60)),
-                                           STALL_S)
+                    await asyncio.wait_for(sleep, STALL_S)
                 except TimeoutError:
                     raise WhatIfError(
                         f"the test server's clock stopped at day {(now - t0).total_seconds() / 86400:.2f} for "

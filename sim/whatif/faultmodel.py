@@ -57,9 +57,12 @@ class FaultClass(_Strict):
         return self
 
 
+GRID_S = 10.0  # the what-if fleet's clock reads this grid (fleet.WhatIfFleet.now); model times are on it
+
+
 def _on_grid(d: timedelta) -> timedelta:
-    """Whole multiples of 10 s, the grid the what-if fleet's clock reads (sim/whatif/fleet.py)."""
-    return timedelta(seconds=round(d.total_seconds() / 10) * 10)
+    """Whole multiples of GRID_S."""
+    return timedelta(seconds=round(d.total_seconds() / GRID_S) * GRID_S)
 
 
 class Durations(_Strict):

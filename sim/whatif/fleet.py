@@ -27,11 +27,10 @@ from activities.policy import PolicyActivities
 from policies.findings import Finding, GpuIds, HealthReport
 from policies.model import Generation, Policy, Rung
 from sim.whatif.clock import DELIVER_ACTIVITY, ClockEvent, clock_workflow_id
-from sim.whatif.faultmodel import NODE_WIDE, FaultDraw, FaultModel
+from sim.whatif.faultmodel import GRID_S, NODE_WIDE, FaultDraw, FaultModel
 from workers.reporting import send_report, start_admission
 
 GPUS = 8
-GRID_S = 10.0  # the fault model's times and the policies' timers are multiples of it
 
 
 @dataclass
@@ -112,11 +111,13 @@ class WhatIfFleet:
 
     # --- virtual time ---------------------------------------------------------------------------
     async def now(self) -> float:
-        """Seconds since the start, on the test server's clock, on a GRID_S grid. The server's clock
-        runs with the wall clock while work is in flight, so each step lands some milliseconds
-        after its modelled time; every modelled time is on the grid (the clock fires each event 1-4 s
-        past it: clock.off_grid), and flooring to it gives every run of one seed the same figures. (A local activity's schedule time is the worker's wall
-        clock, so it cannot say.)"""
+        """Seconds since the start, on the test server's clock, floored to the GRID_S grid.
+
+        The server's clock runs with the wall clock while work is in flight, so each step lands
+        some milliseconds after its modelled time. Every modelled time is on the grid (the clock
+        fires each event 1-4 s past it: clock.off_grid), so flooring gives every run of one seed
+        the same figures. (A local activity's schedule time is the worker's wall clock, so it
+        cannot say.)"""
         return math.floor((await self.clock() - self.t0).total_seconds() / GRID_S) * GRID_S
 
     def at(self, now: float) -> datetime:
