@@ -33,8 +33,8 @@ class ClockEvent(BaseModel):
 def off_grid(at_s: float, key: str) -> float:
     """An event's time moved 1-4 s (to the millisecond, fixed by `key`) past its grid point.
 
-    The policies' timers are whole multiples of the 10 s grid (faultmodel.GRID_S), so a guard or clock deadline derived
-    from one event lands on another event's grid point. A signal and a timer at one instant trip the
+    The policies' timers are whole multiples of the 10 s grid (faultmodel.GRID_S), so a guard or
+    clock deadline derived from one event lands on another event's grid point. A signal and a timer at one instant trip the
     time-skipping test server (a completion that cancels a timer it has just fired answers "invalid
     history builder state for action", and that workflow never gets another task). Off the grid,
     the two meet only within the same millisecond. The fleet's clock still reads the grid point, for
