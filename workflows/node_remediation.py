@@ -47,6 +47,7 @@ class NodeRemediation(RungActions, RemediationSteps):
         # Only a run this workflow continued carries state: a first run's input comes from whoever
         # sent the first report, and is never trusted with the episode's state.
         self.s = (inp.state if workflow.info().continued_run_id else None) or RemediationState()
+        self._decide_issue22()
 
     # --- handlers: agents signal, operators update, everyone queries --------------------------
     @workflow.signal

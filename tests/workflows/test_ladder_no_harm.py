@@ -1,0 +1,23 @@
+"""The ladder takes no destructive step the facts do not justify, second pass (issue 22: 1, 2,
+4, 5, 6, 12, 13, 14, 15a, 15b). Each test failed on the workflow before its fix."""
+
+from __future__ import annotations
+
+from policies.loader import default_policy
+from tests.workflows.fakes import DESTRUCTIVE, FakeNode, xid
+from tests.workflows.test_node_remediation import make_fleet, run_with_status
+
+
+async def test_dry_run_writes_nothing_destructive(ts_env, uniq):
+    """Xid 54 starts at replace: a dry run says so, and changes nothing (issue 22, defect 1)."""
+    policy = default_policy()
+    policy.dry_run = True
+    fleet = make_fleet(ts_env, uniq, policy)
+    n = fleet.add(FakeNode(f"dry-{uniq}", [xid(54)], cured_by="none"))
+    result, status = await run_with_status(fleet, n)
+    assert (result.outcome, result.rungs) == ("dry_run", ["replace"])
+    assert fleet.denylist == {}, "a dry run writes no denylist entry"
+    assert any(a.step == "denylist" and "would" in a.summary for a in status.actions)
+    for kind, reqs in n.requests.items():
+        if kind in DESTRUCTIVE:
+            assert all(r.dry_run for r in reqs), f"{kind} sent without dry_run"
