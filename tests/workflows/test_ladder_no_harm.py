@@ -3,9 +3,13 @@
 
 from __future__ import annotations
 
+import pytest
+from temporalio.client import WorkflowUpdateFailedError
+
 from policies.loader import default_policy
 from tests.workflows.fakes import DESTRUCTIVE, FakeNode, xid
-from tests.workflows.test_node_remediation import make_fleet, run_with_status
+from tests.workflows.test_node_remediation import make_fleet, run_with_status, wait_for
+from workflows.node_remediation import NodeRemediation
 
 
 async def test_dry_run_writes_nothing_destructive(ts_env, uniq):
@@ -21,3 +25,31 @@ async def test_dry_run_writes_nothing_destructive(ts_env, uniq):
     for kind, reqs in n.requests.items():
         if kind in DESTRUCTIVE:
             assert all(r.dry_run for r in reqs), f"{kind} sent without dry_run"
+
+
+def approval_policy(*rungs: str):
+    policy = default_policy()
+    for rung in rungs:
+        policy.ladder.for_rung(rung).requires_approval = True
+    return policy
+
+
+async def awaiting(handle, rung: str) -> bool:
+    return (await handle.query(NodeRemediation.status)).awaiting_approval == rung
+
+
+async def test_approve_names_the_rung(ts_env, uniq):
+    """An operator approves the rung they saw: another rung, or none named, approves nothing (15a)."""
+    fleet = make_fleet(ts_env, uniq, approval_policy("reboot"))
+    n = fleet.add(FakeNode(f"aprung-{uniq}", [xid(79)], cured_by="reboot"))
+    async with fleet.workers():
+        handle = await fleet.report(n.name)
+        await wait_for(lambda: awaiting(handle, "reboot"))
+        for wrong in ("replace", ""):
+            with pytest.raises(WorkflowUpdateFailedError) as err:
+                await handle.execute_update(NodeRemediation.approve, wrong)
+            assert "awaits approval to reboot: nothing approved" in str(err.value.cause)
+        assert await awaiting(handle, "reboot"), "still waiting for the person"
+        await handle.execute_update(NodeRemediation.approve, "reboot")
+        result = await handle.result()
+    assert (result.outcome, result.rungs) == ("returned", ["reboot"])
