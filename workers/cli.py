@@ -369,7 +369,7 @@ def cmd_history(args) -> int:
 def cmd_episode_update(args) -> int:
     from workers import operator as op
 
-    update, extra = {"approve": ("approve", []), "replace": ("skip_to", ["replace"])}[args.command]
+    update, extra = {"approve": ("approve", [getattr(args, "rung", "")]), "replace": ("skip_to", ["replace"])}[args.command]
     return _operator(args, lambda c: op.update_episode(c, args.node, update, *extra))
 
 

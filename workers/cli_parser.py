@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from activities import contracts as c
-from policies.model import Generation
+from policies.model import Generation, Rung
 from workers import cli
 from workers.telemetry import METRICS_HELP, TRACING_HELP
 
@@ -130,7 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     operator_cmd("status", "what is happening to a node, or every open episode", cli.cmd_status, "optional")
     operator_cmd("history", "every episode of a node, each step with its time and result", cli.cmd_history, "required")
-    operator_cmd("approve", "approve the rung a node's episode waits on", cli.cmd_episode_update, "required")
+    operator_cmd("approve", "approve the rung a node's episode waits on", cli.cmd_episode_update, "required").add_argument(
+        "rung", choices=[r.value for r in Rung], help="the rung you approve (as `status` shows it)")
     operator_cmd("replace", "skip a node's episode straight to replacement", cli.cmd_episode_update, "required")
     operator_cmd("guard", "the fleet guard: budget, leases and holders, waiters and why, gates, canaries", cli.cmd_guard)
     operator_cmd("pause", "pause new disruptive leases in the cluster", cli.cmd_guard_update).add_argument("--reason", default="")

@@ -19,6 +19,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.lease import HOLDER_SIGNAL_GRANTED, HOLDER_SIGNAL_QUARANTINE, LeaseGrant, QuarantineAnswer
     from workflows.remediation_steps import RemediationSteps
     from workflows.remediation_types import (
+        PATCH_APPROVE_RUNG,
         SA_ATTRIBUTION,
         SA_FAULT,
         SA_UUIDS,
@@ -47,6 +48,7 @@ class NodeRemediation(RungActions, RemediationSteps):
         # Only a run this workflow continued carries state: a first run's input comes from whoever
         # sent the first report, and is never trusted with the episode's state.
         self.s = (inp.state if workflow.info().continued_run_id else None) or RemediationState()
+        self._decide_issue22()
 
     # --- handlers: agents signal, operators update, everyone queries --------------------------
     @workflow.signal
@@ -94,15 +96,23 @@ class NodeRemediation(RungActions, RemediationSteps):
             raise ValueError("not paused")
 
     @workflow.update
-    def approve(self, by: str = "") -> RemediationStatus:
+    def approve(self, rung: str = "", by: str = "") -> RemediationStatus:
+        if not self._fixed(PATCH_APPROVE_RUNG):
+            by = by or rung  # callers before approve-names-rung sent only who asked
         self.s.approved.append(self.s.awaiting_approval)
         self._asked("approve", by, self.s.awaiting_approval.value)
         return self.status()
 
     @approve.validator
-    def _validate_approve(self, by: str = "") -> None:
+    def _validate_approve(self, rung: str = "", by: str = "") -> None:
         if self.s.awaiting_approval is None:
             raise ValueError("nothing awaits approval")
+        waiting = self.s.awaiting_approval.value
+        if self._fixed(PATCH_APPROVE_RUNG) and rung != waiting:
+            # The operator approves what they saw: a rung the episode moved past or to since is not approved.
+            said = f"you approved {rung!r}" if rung else "no rung named"
+            raise ValueError(f"{said}, but {self.node} awaits approval to {waiting}: nothing approved "
+                             f"(gpuheal approve {self.node} {waiting})")
 
     @workflow.update
     def skip_to(self, rung: str, by: str = "") -> RemediationStatus:

@@ -16,7 +16,7 @@ with workflow.unsafe.imports_passed_through():
     from policies.model import Rung
     from workflows.calls import call_or_none
     from workflows.lease import GuardClient
-    from workflows.remediation_types import Outcome, Stage
+    from workflows.remediation_types import PATCH_APPROVAL_NO_LEASE, Outcome, Stage
 
 
 class RemediationSteps(GuardClient):
@@ -105,6 +105,11 @@ class RemediationSteps(GuardClient):
         rp = self.policy.ladder.for_rung(rung)
         if not rp.requires_approval or rung in self.s.approved:
             return True
+        if (self.s.lease_held or self.s.lease_requested) and self._fixed(PATCH_APPROVAL_NO_LEASE):
+            # A person may take a day: the fleet's budget is not held meanwhile (taken again once approved).
+            await self._release_lease()
+            self._record("lease", f"gave back {self.node}'s disruption lease", True,
+                         f"while {rung.value} waits for approval; taken again once approved")
         self.s.awaiting_approval = rung
         self._set_details()
         steerable = self._no_harm()

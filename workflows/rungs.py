@@ -13,7 +13,7 @@ with workflow.unsafe.imports_passed_through():
     from policies.model import Rung, RungPolicy
     from workflows.calls import agent_gone, call_or_none, cause
     from workflows.lease import GuardClient
-    from workflows.remediation_types import Outcome
+    from workflows.remediation_types import PATCH_DRY_RUN_DENYLIST, Outcome
     from workflows.validation import AgentMissing, validate_once, validate_twice
 
 
@@ -106,6 +106,10 @@ class RungActions(GuardClient):
     async def _denylist(self) -> None:
         """Only hardware a probe on the node implicated goes on the denylist, never every id a report listed."""
         ids = self.s.implicated if self._no_harm() else self.s.hardware_ids
+        if self.policy.dry_run and self._fixed(PATCH_DRY_RUN_DENYLIST):
+            # The denylist is permanent (it refuses or terminates the hardware at admission): a dry run only says it.
+            return self._record("denylist", f"would denylist hardware of {self.node}", True,
+                                f"dry run: {', '.join(ids) or 'nothing implicated'}")
         if not ids and self._no_harm():
             return self._record("denylist", f"denylist hardware of {self.node}", True,
                                 "no probe implicated any hardware: nothing denylisted")

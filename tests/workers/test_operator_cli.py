@@ -37,10 +37,10 @@ async def test_status_approve_history_report_pause(dev_env, uniq, tmp_path):
         assert json.loads(st.stdout)["awaiting_approval"] == "reboot"
         everyone = json.loads((await cli(address, "status", "--json")).stdout)
         assert any(r["node"] == n.name and r["awaiting_approval"] == "reboot" for r in everyone)
-        assert (await cli(address, "approve", n.name)).returncode == 0
+        assert (await cli(address, "approve", n.name, "reboot")).returncode == 0
         result = await dev_env.client.get_workflow_handle(handle.id, result_type=RemediationResult).result()
         assert result.outcome == "returned"
-        again = await cli(address, "approve", n.name)
+        again = await cli(address, "approve", n.name, "reboot")
         assert again.returncode == 1 and "no open remediation episode" in again.stderr
         hist = json.loads((await cli(address, "history", n.name, "--json")).stdout)
         steps = [s["summary"] for s in hist[-1]["steps"]]

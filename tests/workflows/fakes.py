@@ -289,5 +289,9 @@ class FakeFleet:
             await handle.terminate("test over")
 
 
+# Activities that change a node: under a dry run each must carry dry_run (the denylist is checked apart).
+DESTRUCTIVE = {c.KUBE_DRAIN, c.NODE_KILL, c.NODE_RESET, c.CLOUD_REBOOT, c.CLOUD_REPLACE}
+
+
 def xid(code: int, gpu: int = 2) -> Finding:
     return Finding(kind="xid", xid=code, gpu_index=gpu, pci="0000:91:00", message=f"Xid {code}")

@@ -1,0 +1,80 @@
+"""The ladder takes no destructive step the facts do not justify, second pass (issue 22: 1, 2,
+4, 5, 6, 12, 13, 14, 15a, 15b). Each test failed on the workflow before its fix."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from temporalio.client import WorkflowUpdateFailedError
+
+from activities.contracts import guard_workflow_id
+from policies.loader import default_policy
+from tests.workflows.fakes import DESTRUCTIVE, FakeNode, xid
+from tests.workflows.test_node_remediation import make_fleet, run_with_status, wait_for
+from workflows.fleet_guard import FleetGuard
+from workflows.node_remediation import NodeRemediation
+
+
+async def test_dry_run_writes_nothing_destructive(ts_env, uniq):
+    """Xid 54 starts at replace: a dry run says so, and changes nothing (issue 22, defect 1)."""
+    policy = default_policy()
+    policy.dry_run = True
+    fleet = make_fleet(ts_env, uniq, policy)
+    n = fleet.add(FakeNode(f"dry-{uniq}", [xid(54)], cured_by="none"))
+    result, status = await run_with_status(fleet, n)
+    assert (result.outcome, result.rungs) == ("dry_run", ["replace"])
+    assert fleet.denylist == {}, "a dry run writes no denylist entry"
+    assert any(a.step == "denylist" and "would" in a.summary for a in status.actions)
+    for kind, reqs in n.requests.items():
+        if kind in DESTRUCTIVE:
+            assert all(r.dry_run for r in reqs), f"{kind} sent without dry_run"
+
+
+def approval_policy(*rungs: str):
+    policy = default_policy()
+    policy.ladder.reset.return_timeout = timedelta(seconds=1)  # polled in real time: the settle is not skipped
+    for rung in rungs:
+        policy.ladder.for_rung(rung).requires_approval = True
+    return policy
+
+
+async def awaiting(handle, rung: str) -> bool:
+    return (await handle.query(NodeRemediation.status)).awaiting_approval == rung
+
+
+async def test_approve_names_the_rung(ts_env, uniq):
+    """An operator approves the rung they saw: another rung, or none named, approves nothing (15a)."""
+    fleet = make_fleet(ts_env, uniq, approval_policy("reboot"))
+    n = fleet.add(FakeNode(f"aprung-{uniq}", [xid(79)], cured_by="reboot"))
+    async with fleet.workers():
+        handle = await fleet.report(n.name)
+        await wait_for(lambda: awaiting(handle, "reboot"))
+        for wrong in ("replace", ""):
+            with pytest.raises(WorkflowUpdateFailedError) as err:
+                await handle.execute_update(NodeRemediation.approve, wrong)
+            assert "awaits approval to reboot: nothing approved" in str(err.value.cause)
+        assert await awaiting(handle, "reboot"), "still waiting for the person"
+        await handle.execute_update(NodeRemediation.approve, "reboot")
+        result = await handle.result()
+    assert (result.outcome, result.rungs) == ("returned", ["reboot"])
+
+
+async def test_no_lease_held_while_a_person_decides(ts_env, uniq):
+    """Reset and reboot failed, replace waits a day for approval: the disruption lease goes back
+    to the fleet meanwhile, and is taken again once approved (issue 22, defect 6)."""
+    fleet = make_fleet(ts_env, uniq, approval_policy("replace"))
+    n = fleet.add(FakeNode(f"aplease-{uniq}", [xid(48)], cured_by="none"))
+    async with fleet.workers():
+        handle = await fleet.report(n.name)
+        await wait_for(lambda: awaiting(handle, "replace"))
+        guard = fleet.client.get_workflow_handle(guard_workflow_id(fleet.cluster))
+        assert (await guard.query(FleetGuard.status)).holders == [], "no lease held through the approval wait"
+        status = await handle.query(NodeRemediation.status)
+        assert not status.lease_held and not status.lease_requested
+        await handle.execute_update(NodeRemediation.approve, "replace")
+        result = await handle.result()
+        status = await handle.query(NodeRemediation.status)
+    assert (result.outcome, result.rungs) == ("replaced", ["reset", "reboot", "replace"])
+    leases = [a.summary.split()[0] for a in status.actions if a.step == "lease"]
+    assert leases == ["disruption", "gave", "disruption"], "given back for the wait, taken again to replace"
