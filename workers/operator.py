@@ -21,6 +21,9 @@ from workflows.fleet_guard import FleetGuard
 from workflows.guard_types import GateRelease
 from workflows.node_remediation import NodeRemediation
 from workflows.remediation_types import (
+    SA_FAULT,
+    SA_NODE,
+    SA_STAGE,
     RemediationStatus,
 )
 
@@ -86,10 +89,20 @@ async def node_status(client: Client, node: str) -> RemediationStatus:
 
 
 async def fleet_status(client: Client) -> list[dict]:
+    """Every running episode, from the visibility store; each answers a query for what it waits on,
+    and one that cannot is one row marked unreachable, with why, instead of a failed listing."""
     out = []
     async for w in client.list_workflows('WorkflowType = "NodeRemediation" AND ExecutionStatus = "Running"'):
-        st = await query_status(client, client.get_workflow_handle(w.id, run_id=w.run_id))
-        out.append({"node": st.node, "stage": st.stage.value, "next_rung": st.next_rung.value if st.next_rung else None,
+        sa = w.typed_search_attributes
+        row = {"node": sa.get(SA_NODE) or w.id.removeprefix("remediate/"), "stage": sa.get(SA_STAGE),
+               "next_rung": None, "fault_class": sa.get(SA_FAULT), "paused": None, "awaiting_approval": None}
+        try:
+            st = await query_status(client, client.get_workflow_handle(w.id, run_id=w.run_id))
+        except OperatorError as err:
+            out.append({**row, "unreachable": str(err)})
+            continue
+        out.append({**row, "node": st.node, "stage": st.stage.value,
+                    "next_rung": st.next_rung.value if st.next_rung else None,
                     "fault_class": st.triage.fault_class if st.triage else None, "paused": st.paused,
                     "awaiting_approval": st.awaiting_approval.value if st.awaiting_approval else None})
     return sorted(out, key=lambda r: r["node"])

@@ -124,8 +124,12 @@ async def test_history_reads_closed_runs_nobody_serves_and_marks_an_unreachable_
     address = dev_env.client.service_client.config.target_host
     try:
         shown = await cli(address, "history", n.name, "--json")
+        listed = await cli(address, "status", "--json")
     finally:
         await stuck.terminate()
+    assert listed.returncode == 0, listed.stderr
+    row = next(r for r in json.loads(listed.stdout) if r["node"] == n.name)
+    assert "no controller polls task queue" in row["unreachable"], row
     assert shown.returncode == 0, shown.stderr
     closed, running = json.loads(shown.stdout)
     assert closed["outcome"] == "returned" and closed["rungs"] == ["reset"]
