@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import sys
@@ -13,9 +12,14 @@ from pathlib import Path
 from policies.loader import PolicyError, load_policy
 from workers.telemetry import FlagError, configure_logging
 
+# -o json|yaml: the machine-readable form every command's --json prints (set once by `main`).
+OUTPUT = "json"
+
 
 def _print_json(doc) -> None:
-    sys.stdout.write(json.dumps(doc, indent=1, default=str) + "\n")
+    from workers.render import document
+
+    sys.stdout.write(document(doc, OUTPUT) + "\n")
 
 
 def cmd_policy_check(args) -> int:
@@ -346,11 +350,10 @@ def _operator(args, work) -> int:
     doc = doc.model_dump(mode="json") if hasattr(doc, "model_dump") else doc
     if args.json:
         _print_json(doc)
-    elif isinstance(doc, list):
-        for row in doc:
-            print(json.dumps(row, default=str))
     else:
-        print(json.dumps(doc, indent=1, default=str))
+        from workers.render import human
+
+        print(human(args.command, doc, wide=getattr(args, "output", None) == "wide"))
     return 0
 
 
@@ -427,8 +430,12 @@ def _temporal_options(args: argparse.Namespace, service: str):
 def main(argv: list[str] | None = None) -> int:
     from workers.cli_parser import build_parser
 
+    global OUTPUT
     args = build_parser().parse_args(argv)
     configure_logging(args.log_level, args.log_format)
+    if hasattr(args, "output"):  # -o json|yaml is --json in that form; table and wide are the human views
+        args.json = args.json or args.output in ("json", "yaml")
+        OUTPUT = args.output if args.output in ("json", "yaml") else "json"
     try:
         return args.func(args)
     except FlagError as err:  # a bad --metrics/--tracing/TLS flag: one line

@@ -145,7 +145,21 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--gpu", type=int, required=True)
     rep.add_argument("--task-queue", default=c.DEFAULT_TASK_QUEUE)
     _logging_flags_everywhere(sub)
+    _output_flag_where_json(sub)
     return p
+
+
+def _output_flag_where_json(sub) -> None:
+    """-o table|wide|json|yaml on every command that prints a document (`--json` stays, as -o json)."""
+    from workers.render import OUTPUTS
+
+    for sp in sub.choices.values():
+        nested = [a for a in sp._actions if isinstance(a, argparse._SubParsersAction)]
+        if nested:
+            _output_flag_where_json(nested[0])
+        elif any("--json" in a.option_strings for a in sp._actions):
+            sp.add_argument("-o", "--output", default="table", choices=OUTPUTS,
+                            help="table (default), wide (more columns), json or yaml")
 
 
 def _logging_flags_everywhere(sub) -> None:
