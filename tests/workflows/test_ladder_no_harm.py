@@ -78,3 +78,47 @@ async def test_no_lease_held_while_a_person_decides(ts_env, uniq):
     assert (result.outcome, result.rungs) == ("replaced", ["reset", "reboot", "replace"])
     leases = [a.summary.split()[0] for a in status.actions if a.step == "lease"]
     assert leases == ["disruption", "gave", "disruption"], "given back for the wait, taken again to replace"
+
+
+async def test_application_fault_without_agent_is_not_rebooted(ts_env, uniq):
+    """Xid 13 (a user's bug) and no agent to kill the job: nothing on the node says the machine is
+    bad, so no drain and no reboot; it is cordoned and left for a person, with why (defect 5)."""
+    policy = default_policy()
+    policy.validation.agent_timeout = timedelta(seconds=1)  # the test server waits for it in real time
+    fleet = make_fleet(ts_env, uniq, policy)
+    n = fleet.add(FakeNode(f"appgone-{uniq}", [xid(13)], cured_by="kill", agent=False))
+    result, status = await run_with_status(fleet, n)
+    assert (result.outcome, result.rungs) == ("quarantined", ["kill"])
+    assert result.reason.startswith("agent_missing") and "application fault" in result.reason
+    assert not {"kube.drain", "cloud.reboot", "node.reset_gpu", "cloud.replace"} & set(n.calls)
+    assert n.cordoned, "cordoned for the person, no new work lands on it meanwhile"
+
+
+def agent_policy():
+    policy = default_policy()
+    policy.validation.agent_timeout = timedelta(seconds=1)  # the test server waits for it in real time
+    return policy
+
+
+async def test_agent_silent_after_reboot_is_never_replaced(ts_env, uniq):
+    """The agent sends one report from the new boot and dies: validation finds nobody. That says
+    nothing about the hardware: quarantined for a person, not replaced or denylisted (defect 2)."""
+    fleet = make_fleet(ts_env, uniq, agent_policy())
+    n = fleet.add(FakeNode(f"once-{uniq}", [xid(79)], cured_by="reboot", after_reboot="once"))
+    result, status = await run_with_status(fleet, n)
+    assert (result.outcome, result.rungs) == ("quarantined", ["reboot"])
+    assert result.reason.startswith("agent_missing") and "nothing is replaced" in result.reason
+    assert "cloud.replace" not in n.calls and fleet.denylist == {}
+    assert status.agent_missing
+
+
+async def test_watcher_boot_id_does_not_end_the_reboot_wait(ts_env, uniq):
+    """A condition watcher reports the kubelet's new boot id; the agent never comes up. The reboot
+    wait goes on for the agent (no validation against nobody), then says what it saw (defect 2)."""
+    fleet = make_fleet(ts_env, uniq, agent_policy())
+    n = fleet.add(FakeNode(f"watch-{uniq}", [xid(79)], cured_by="reboot", after_reboot="watcher"))
+    result, status = await run_with_status(fleet, n)
+    assert (result.outcome, result.rungs) == ("quarantined", ["reboot"])
+    assert result.reason.startswith("agent_missing") and "kubelet boot id kubelet-0 -> kubelet-1" in result.reason
+    assert not [a for a in status.actions if a.step == "validate"], "no validation while no agent is up"
+    assert "cloud.replace" not in n.calls and fleet.denylist == {}
