@@ -61,6 +61,8 @@ class NodeRemediation(RungActions, RemediationSteps):
         if why is not None:
             record_rejection(self.s, why, raw, workflow.now())
             workflow.logger.warning("rejected report for %s: %s", self.node, why)
+        elif self.s.latest is not None and self.s.latest.source == "agent":
+            self.s.agent_boot_id = self.s.latest.boot_id  # only the agent's own boot ends a reboot's wait
 
     @workflow.signal(name=HOLDER_SIGNAL_GRANTED)
     def lease_granted(self, grant: LeaseGrant) -> None:

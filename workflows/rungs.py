@@ -13,7 +13,7 @@ with workflow.unsafe.imports_passed_through():
     from policies.model import Rung, RungPolicy
     from workflows.calls import agent_gone, call_or_none, cause
     from workflows.lease import GuardClient
-    from workflows.remediation_types import PATCH_DRY_RUN_DENYLIST, Outcome
+    from workflows.remediation_types import PATCH_AGENT_BOOT, PATCH_DRY_RUN_DENYLIST, Outcome
     from workflows.validation import AgentMissing, validate_once, validate_twice
 
 
@@ -68,7 +68,7 @@ class RungActions(GuardClient):
         """Reboot through the cloud API; back when the agent reports from a new boot. If it never
         does, the kubelet's boot id tells a machine that rebooted (its agent is what is missing)
         from one that did not come back."""
-        before = self.s.boot_id
+        before, agent_before = self.s.boot_id, self.s.agent_boot_id
         no_harm, dry = self._no_harm(), self.policy.dry_run
         sent = await self._cloud(c.CLOUD_REBOOT, c.RebootRequest(node=self.node, idempotency_key=key, dry_run=dry,
                                                                  ownership_tag=self.policy.ownership_tag),
@@ -76,8 +76,14 @@ class RungActions(GuardClient):
         kubelet_before = sent.from_boot
         self._record(Rung.REBOOT.value, summary, True,
                      "; ".join(x for x in ("reboot sent; waiting for a report from a new boot", self._take_drain_note()) if x))
+        back = lambda: self.s.boot_id != before  # noqa: E731
+        if self._fixed(PATCH_AGENT_BOOT):
+            # Only the node's own agent from a new boot says it is back (a condition watcher's report
+            # carries the kubelet's new boot id before any agent runs): validation needs the agent.
+            old_boots = {before, agent_before, kubelet_before} - {None}
+            back = lambda: self.s.agent_boot_id is not None and self.s.agent_boot_id not in old_boots  # noqa: E731
         try:
-            await workflow.wait_condition(lambda: self.s.boot_id != before or (no_harm and self._steered()),
+            await workflow.wait_condition(lambda: back() or (no_harm and self._steered()),
                                           timeout=rp.return_timeout,
                                           timeout_summary=f"wait for {self.node} to come back from reboot")
         except TimeoutError:
@@ -91,7 +97,7 @@ class RungActions(GuardClient):
                     self._finish(Outcome.QUARANTINED, f"agent_missing: {came_back} but no agent reported from "
                                  f"{self.node}; no evidence about the hardware, so it stays quarantined for a person")
             return False
-        if self.s.boot_id == before:
+        if not back():
             return False  # steered away while waiting
         self.s.agent_missing = False
         self._record(Rung.REBOOT.value, f"{self.node} back from reboot", True, f"boot id {self.s.boot_id}")
