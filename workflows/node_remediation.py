@@ -22,6 +22,7 @@ with workflow.unsafe.imports_passed_through():
         PATCH_AGENT_MISSING_TOP,
         PATCH_APP_AGENT_MISSING,
         PATCH_APPROVE_RUNG,
+        PATCH_KILL_IMPLICATED,
         SA_ATTRIBUTION,
         SA_FAULT,
         SA_UUIDS,
@@ -244,6 +245,11 @@ class NodeRemediation(RungActions, RemediationSteps):
     async def _climb_one_rung(self) -> None:
         rung = self.s.skip_to or self.s.next_rung
         self.s.skip_to = None
+        if rung is Rung.KILL and not self._gpus() and self._fixed(PATCH_KILL_IMPLICATED):
+            # "Every GPU" would kill other tenants' jobs for one that cannot be located.
+            return await self._leave_for_a_person(
+                f"kill: {self._fault_label()} names no GPU of {self.node} (its bus id maps to none): nothing "
+                "killed, other tenants' jobs untouched; cordoned for a person")
         if rung.disruptive:
             await self._quarantine()
             if self._quarantine_withheld() or not self._cordon_holds():

@@ -9,6 +9,7 @@ import pytest
 from temporalio.client import WorkflowUpdateFailedError
 
 from activities.contracts import guard_workflow_id
+from policies.findings import Finding
 from policies.loader import default_policy
 from tests.workflows.fakes import DESTRUCTIVE, FakeNode, xid
 from tests.workflows.test_node_remediation import make_fleet, run_with_status, wait_for
@@ -122,3 +123,29 @@ async def test_watcher_boot_id_does_not_end_the_reboot_wait(ts_env, uniq):
     assert result.reason.startswith("agent_missing") and "kubelet boot id kubelet-0 -> kubelet-1" in result.reason
     assert not [a for a in status.actions if a.step == "validate"], "no validation while no agent is up"
     assert "cloud.replace" not in n.calls and fleet.denylist == {}
+
+
+async def test_kill_with_no_gpu_located_kills_nobody(ts_env, uniq):
+    """A kernel-log Xid 13 whose bus id maps to no GPU: no kill on every GPU (other tenants' jobs),
+    the node is cordoned and left for a person with the reason (defect 4)."""
+    fleet = make_fleet(ts_env, uniq)
+    lost = Finding(kind="xid", xid=13, pci="0000:99:00", message="Xid 13 at an unknown bus id")
+    n = fleet.add(FakeNode(f"nogpu-{uniq}", [lost], cured_by="kill"))
+    result, _ = await run_with_status(fleet, n)
+    kills = n.requests.get("node.kill_gpu_processes", [])
+    assert all(r.gpus or not r.all_gpus for r in kills) and not [r for r in kills if not r.gpus], \
+        "no kill without an implicated GPU"
+    assert result.outcome == "quarantined" and "names no GPU" in result.reason
+    assert n.cordoned and "kube.drain" not in n.calls
+
+
+async def test_kill_names_the_mig_instance(ts_env, uniq):
+    """An NVML Xid 13 from MIG instance 2/0 of GPU 1: the kill names that instance (defect 4)."""
+    fleet = make_fleet(ts_env, uniq)
+    mig = Finding(kind="xid", xid=13, gpu_index=1, gpu_instance_id=2, compute_instance_id=0, message="NVML Xid event 13")
+    n = fleet.add(FakeNode(f"mig-{uniq}", [mig], cured_by="kill"))
+    result, _ = await run_with_status(fleet, n)
+    assert (result.outcome, result.rungs) == ("returned", ["kill"])
+    [req] = n.requests["node.kill_gpu_processes"]
+    assert req.gpus == [1] and not req.all_gpus
+    assert [(t.gpu_index, t.gpu_instance_id, t.compute_instance_id) for t in req.mig] == [(1, 2, 0)]
