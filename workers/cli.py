@@ -273,6 +273,8 @@ def cmd_demo(args) -> int:
     from workers import demo
 
     if not args.temporal:
+        if stopped := demo.stop_leftover_dev_server():
+            print(stopped, flush=True)
         busy = [f"{what} port {port}" for what, port in DEMO_PORTS.items() if not _port_free(port)]
         if busy:
             print(f"gpuheal demo: {', '.join(busy)} already in use: stop what holds it, or pass --temporal HOST:PORT",
@@ -284,7 +286,8 @@ def cmd_demo(args) -> int:
     async def run() -> None:
         demo.end_with_signals()
         opts = _temporal_options(args, "gpuheal-demo")
-        async with runner.temporal(opts, db_file=str(demo.STATE / "temporal.db"), ui_port=8233) as client:
+        async with (runner.temporal(opts, db_file=str(demo.STATE / "temporal.db"), ui_port=8233) as client,
+                    demo.dev_server_watched()):
             address, ns = client.service_client.config.target_host, client.namespace
 
             async def results(doc: dict, fleet) -> None:

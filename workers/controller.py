@@ -16,7 +16,7 @@ from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from activities import contracts as c
-from activities.cloud import CloudActivities
+from activities.cloud import AWS_CLIENT_CONFIG, CloudActivities
 from activities.contracts import guard_workflow_id
 from activities.guard import GuardActivities
 from activities.kube import CLUSTER_CALL_THREADS, KubeActivities, load_core_api
@@ -65,9 +65,9 @@ def build_worker(client: Client, cfg: ControllerConfig) -> Worker:
     kube = KubeActivities(core, cfg.events_namespace, cfg.gpu_node_selector)
     # boto3 finds region, credentials and endpoints (AWS_ENDPOINT_URL) the standard way.
     session = boto3.Session()
-    cloud = CloudActivities(session.client("ec2"), session.client("autoscaling"), session.client("ssm"), core)
+    cloud = CloudActivities(*(session.client(s, config=AWS_CLIENT_CONFIG) for s in ("ec2", "autoscaling", "ssm")), core)
     if cfg.ledger.startswith("dynamodb://"):
-        store = DynamoLedger(session.client("dynamodb"), cfg.ledger.removeprefix("dynamodb://"))
+        store = DynamoLedger(session.client("dynamodb", config=AWS_CLIENT_CONFIG), cfg.ledger.removeprefix("dynamodb://"))
     else:
         Path(cfg.ledger).parent.mkdir(parents=True, exist_ok=True)
         store = SqliteLedger(cfg.ledger)
