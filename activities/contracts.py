@@ -181,16 +181,31 @@ class GpuProcess(BaseModel):
     gpu_index: int
     pod: str | None = Field(default=None, description="namespace/name from the process's cgroup, when in a pod.")
     used_memory_bytes: int | None = None
+    gpu_instance_id: int | None = Field(default=None, description="MIG GPU instance (None: MIG off).")
+    compute_instance_id: int | None = None
+    start_ticks: int | None = Field(default=None, description="/proc/<pid>/stat starttime: a reused pid differs.")
+
+
+class MigTarget(BaseModel):
+    """An implicated MIG instance: only its processes are stopped on a GPU in MIG mode."""
+
+    gpu_index: int
+    gpu_instance_id: int
+    compute_instance_id: int | None = Field(default=None, description="None: every compute instance of the GPU instance.")
 
 
 class KillRequest(_Request):
-    gpus: list[int] = Field(default_factory=list, description="Empty: every GPU.")
+    gpus: list[int] = Field(default_factory=list, description="The implicated GPUs. Empty: none (see all_gpus).")
+    all_gpus: bool = Field(default=False, description="Every GPU's processes (a drained node before a whole-node reset).")
+    mig: list[MigTarget] = Field(default_factory=list,
+                                 description="On a GPU in MIG mode only these instances' processes; none named: nothing there.")
     grace_s: float = 10.0
 
 
 class KillResult(BaseModel):
     killed: list[GpuProcess] = Field(default_factory=list)
     dry_run: bool = False
+    spared: list[str] = Field(default_factory=list, description="What was left alone, and why (MIG, a reused pid).")
 
 
 class ResetRequest(_Request):

@@ -154,6 +154,14 @@ def probe_nvml(nv=pynvml, expected_gpus: int | None = None) -> ProbeResult:
     return result
 
 
+NVML_NO_INSTANCE = 0xFFFFFFFF  # nvmlEventData_t / nvmlProcessInfo_t: no MIG instance (MIG off, or not attributable)
+
+
+def mig_id(value: int | None) -> int | None:
+    """A MIG instance id as NVML gives it, or None where it names none."""
+    return None if value is None or value == NVML_NO_INSTANCE else int(value)
+
+
 class XidWatcher:
     """Xid and double-bit ECC events from an NVML event set, on a thread; idle timeouts are normal."""
 
@@ -201,7 +209,9 @@ class XidWatcher:
                                             message="NVML double-bit ECC event"))
                 else:
                     self.events.put(Finding(kind=FindingKind.XID, xid=int(data.eventData), gpu_index=index,
-                                            uuid=uuids.get(index), message=f"NVML Xid event {data.eventData}"))
+                                            uuid=uuids.get(index), message=f"NVML Xid event {data.eventData}",
+                                            gpu_instance_id=mig_id(getattr(data, "gpuInstanceId", None)),
+                                            compute_instance_id=mig_id(getattr(data, "computeInstanceId", None))))
         except pynvml.NVMLError as err:
             # The caller reports this as probe_broken: no events must never read as "no faults".
             self.error = f"NVML event watch failed: {err}"

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pynvml
 
 GENERATION_PCI_WIDTH = 16
+NO_INSTANCE = 0xFFFFFFFF  # NVML's "no MIG instance"
 NVLINKS = {"ampere": 12, "hopper": 18, "blackwell": 18}
 
 
@@ -30,7 +31,7 @@ class SimGpu:
     temperature: int = 45
     mig: bool = False
     lost: bool = False
-    processes: list[tuple[int, int]] = field(default_factory=list)  # (pid, used bytes)
+    processes: list[tuple] = field(default_factory=list)  # (pid, used bytes) or, MIG on, (pid, bytes, gi, ci)
 
 
 class SimulatedNvml:
@@ -49,16 +50,17 @@ class SimulatedNvml:
         self._lock = threading.Lock()
 
     # --- fault injection (scenario kinds) ------------------------------------------------------
-    def inject(self, kind: str, gpu: int = 0, xid: int | None = None) -> None:
+    def inject(self, kind: str, gpu: int = 0, xid: int | None = None, gi: int = 0xFFFFFFFF, ci: int = 0xFFFFFFFF) -> None:
+        """`gi`/`ci`: the MIG instance an Xid event names (NVML's 0xFFFFFFFF: none)."""
         g = self.gpus[gpu]
         with self._lock:
             if kind == "xid":
                 self._events.put(SimpleNamespace(device=g.index, eventType=pynvml.nvmlEventTypeXidCriticalError,
-                                                 eventData=xid, gpuInstanceId=0, computeInstanceId=0))
+                                                 eventData=xid, gpuInstanceId=gi, computeInstanceId=ci))
             elif kind == "ecc_dbe":
                 g.ecc_uncorrected += 1
                 self._events.put(SimpleNamespace(device=g.index, eventType=pynvml.nvmlEventTypeDoubleBitEccError,
-                                                 eventData=0, gpuInstanceId=0, computeInstanceId=0))
+                                                 eventData=0, gpuInstanceId=NO_INSTANCE, computeInstanceId=NO_INSTANCE))
             elif kind == "row_remap_failure":
                 g.remap_failure = True
             elif kind == "row_remap_pending":
@@ -156,7 +158,9 @@ class SimulatedNvml:
         return [int(g.mig), int(g.mig)]
 
     def nvmlDeviceGetComputeRunningProcesses(self, h):  # noqa: N802
-        return [SimpleNamespace(pid=pid, usedGpuMemory=mem) for pid, mem in self._alive(h).processes]
+        # nvmlProcessInfo_t: gpuInstanceId/computeInstanceId are 0xFFFFFFFF unless MIG is enabled.
+        return [SimpleNamespace(pid=p[0], usedGpuMemory=p[1], gpuInstanceId=p[2] if len(p) > 2 else NO_INSTANCE,
+                                computeInstanceId=p[3] if len(p) > 3 else NO_INSTANCE) for p in self._alive(h).processes]
 
     def nvmlEventSetCreate(self):  # noqa: N802
         return self._events

@@ -19,7 +19,10 @@ with workflow.unsafe.imports_passed_through():
     from workflows.lease import HOLDER_SIGNAL_GRANTED, HOLDER_SIGNAL_QUARANTINE, LeaseGrant, QuarantineAnswer
     from workflows.remediation_steps import RemediationSteps
     from workflows.remediation_types import (
+        PATCH_AGENT_MISSING_TOP,
+        PATCH_APP_AGENT_MISSING,
         PATCH_APPROVE_RUNG,
+        PATCH_KILL_IMPLICATED,
         SA_ATTRIBUTION,
         SA_FAULT,
         SA_UUIDS,
@@ -59,6 +62,8 @@ class NodeRemediation(RungActions, RemediationSteps):
         if why is not None:
             record_rejection(self.s, why, raw, workflow.now())
             workflow.logger.warning("rejected report for %s: %s", self.node, why)
+        elif self.s.latest is not None and self.s.latest.source == "agent":
+            self.s.agent_boot_id = self.s.latest.boot_id  # only the agent's own boot ends a reboot's wait
 
     @workflow.signal(name=HOLDER_SIGNAL_GRANTED)
     def lease_granted(self, grant: LeaseGrant) -> None:
@@ -240,6 +245,11 @@ class NodeRemediation(RungActions, RemediationSteps):
     async def _climb_one_rung(self) -> None:
         rung = self.s.skip_to or self.s.next_rung
         self.s.skip_to = None
+        if rung is Rung.KILL and not self._gpus() and self._fixed(PATCH_KILL_IMPLICATED):
+            # "Every GPU" would kill other tenants' jobs for one that cannot be located.
+            return await self._leave_for_a_person(
+                f"kill: {self._fault_label()} names no GPU of {self.node} (its bus id maps to none): nothing "
+                "killed, other tenants' jobs untouched; cordoned for a person")
         if rung.disruptive:
             await self._quarantine()
             if self._quarantine_withheld() or not self._cordon_holds():
@@ -277,9 +287,30 @@ class NodeRemediation(RungActions, RemediationSteps):
             self.s.fixed_by = rung
             return self._set_stage(Stage.RETURN if self.s.quarantined else Stage.PROBATION)
         self.s.next_rung = rung.above()
+        if self.s.agent_missing and (why := self._agent_missing_stops(rung)):
+            return await self._leave_for_a_person(why)
         if self.s.agent_missing and rung is not Rung.REBOOT:
             # Without its agent nothing node-local can run: reboot through the cloud API and wait for it.
             self.s.next_rung = Rung.REBOOT
+
+    def _agent_missing_stops(self, rung: Rung) -> str:
+        """Why a missing agent ends the ladder after `rung` ('' where a reboot may still bring it back):
+        an agent that is gone says nothing about the hardware, so it is never evidence to climb on."""
+        gone = f"agent_missing: no agent on {self.node} ran the work after {rung.value}"
+        if rung is Rung.KILL and self._fixed(PATCH_APP_AGENT_MISSING):
+            return (f"{gone}; an application fault is no reason to reboot the machine: "
+                    "it stays cordoned for a person")
+        if rung.rank >= Rung.REBOOT.rank and self._fixed(PATCH_AGENT_MISSING_TOP):
+            return (f"{gone}, though it rebooted; no evidence about the hardware, so nothing is replaced "
+                    "or denylisted: it stays quarantined for a person")
+        return ""
+
+    async def _leave_for_a_person(self, reason: str) -> None:
+        """The ladder has no evidence to go on: cordoned (safe, no budget) and left for a person, with why."""
+        await self._quarantine()
+        if self._quarantine_withheld() or not self._cordon_holds():
+            return
+        self._finish(Outcome.QUARANTINED, reason)
 
     async def _return_to_service(self) -> None:
         done = await self._kube(c.KUBE_RETURN_TO_SERVICE,

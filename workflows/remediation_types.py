@@ -101,6 +101,7 @@ class RemediationState(BaseModel):
     latest: HealthReport | None = None
     first_report: HealthReport | None = None
     boot_id: str | None = None
+    agent_boot_id: str | None = Field(default=None, description="The boot the node's own agent last reported from.")
     seq_by_boot: dict[str, int] = Field(default_factory=dict, description="'<source>:<boot id>' -> last sequence")
     retired_boots: list[str] = Field(default_factory=list)
     duplicates: int = 0

@@ -9,6 +9,7 @@ import pytest
 from temporalio.client import WorkflowUpdateFailedError
 
 from activities.contracts import guard_workflow_id
+from policies.findings import Finding
 from policies.loader import default_policy
 from tests.workflows.fakes import DESTRUCTIVE, FakeNode, xid
 from tests.workflows.test_node_remediation import make_fleet, run_with_status, wait_for
@@ -78,3 +79,73 @@ async def test_no_lease_held_while_a_person_decides(ts_env, uniq):
     assert (result.outcome, result.rungs) == ("replaced", ["reset", "reboot", "replace"])
     leases = [a.summary.split()[0] for a in status.actions if a.step == "lease"]
     assert leases == ["disruption", "gave", "disruption"], "given back for the wait, taken again to replace"
+
+
+async def test_application_fault_without_agent_is_not_rebooted(ts_env, uniq):
+    """Xid 13 (a user's bug) and no agent to kill the job: nothing on the node says the machine is
+    bad, so no drain and no reboot; it is cordoned and left for a person, with why (defect 5)."""
+    policy = default_policy()
+    policy.validation.agent_timeout = timedelta(seconds=1)  # the test server waits for it in real time
+    fleet = make_fleet(ts_env, uniq, policy)
+    n = fleet.add(FakeNode(f"appgone-{uniq}", [xid(13)], cured_by="kill", agent=False))
+    result, status = await run_with_status(fleet, n)
+    assert (result.outcome, result.rungs) == ("quarantined", ["kill"])
+    assert result.reason.startswith("agent_missing") and "application fault" in result.reason
+    assert not {"kube.drain", "cloud.reboot", "node.reset_gpu", "cloud.replace"} & set(n.calls)
+    assert n.cordoned, "cordoned for the person, no new work lands on it meanwhile"
+
+
+def agent_policy():
+    policy = default_policy()
+    policy.validation.agent_timeout = timedelta(seconds=1)  # the test server waits for it in real time
+    return policy
+
+
+async def test_agent_silent_after_reboot_is_never_replaced(ts_env, uniq):
+    """The agent sends one report from the new boot and dies: validation finds nobody. That says
+    nothing about the hardware: quarantined for a person, not replaced or denylisted (defect 2)."""
+    fleet = make_fleet(ts_env, uniq, agent_policy())
+    n = fleet.add(FakeNode(f"once-{uniq}", [xid(79)], cured_by="reboot", after_reboot="once"))
+    result, status = await run_with_status(fleet, n)
+    assert (result.outcome, result.rungs) == ("quarantined", ["reboot"])
+    assert result.reason.startswith("agent_missing") and "nothing is replaced" in result.reason
+    assert "cloud.replace" not in n.calls and fleet.denylist == {}
+    assert status.agent_missing
+
+
+async def test_watcher_boot_id_does_not_end_the_reboot_wait(ts_env, uniq):
+    """A condition watcher reports the kubelet's new boot id; the agent never comes up. The reboot
+    wait goes on for the agent (no validation against nobody), then says what it saw (defect 2)."""
+    fleet = make_fleet(ts_env, uniq, agent_policy())
+    n = fleet.add(FakeNode(f"watch-{uniq}", [xid(79)], cured_by="reboot", after_reboot="watcher"))
+    result, status = await run_with_status(fleet, n)
+    assert (result.outcome, result.rungs) == ("quarantined", ["reboot"])
+    assert result.reason.startswith("agent_missing") and "kubelet boot id kubelet-0 -> kubelet-1" in result.reason
+    assert not [a for a in status.actions if a.step == "validate"], "no validation while no agent is up"
+    assert "cloud.replace" not in n.calls and fleet.denylist == {}
+
+
+async def test_kill_with_no_gpu_located_kills_nobody(ts_env, uniq):
+    """A kernel-log Xid 13 whose bus id maps to no GPU: no kill on every GPU (other tenants' jobs),
+    the node is cordoned and left for a person with the reason (defect 4)."""
+    fleet = make_fleet(ts_env, uniq)
+    lost = Finding(kind="xid", xid=13, pci="0000:99:00", message="Xid 13 at an unknown bus id")
+    n = fleet.add(FakeNode(f"nogpu-{uniq}", [lost], cured_by="kill"))
+    result, _ = await run_with_status(fleet, n)
+    kills = n.requests.get("node.kill_gpu_processes", [])
+    assert all(r.gpus or not r.all_gpus for r in kills) and not [r for r in kills if not r.gpus], \
+        "no kill without an implicated GPU"
+    assert result.outcome == "quarantined" and "names no GPU" in result.reason
+    assert n.cordoned and "kube.drain" not in n.calls
+
+
+async def test_kill_names_the_mig_instance(ts_env, uniq):
+    """An NVML Xid 13 from MIG instance 2/0 of GPU 1: the kill names that instance (defect 4)."""
+    fleet = make_fleet(ts_env, uniq)
+    mig = Finding(kind="xid", xid=13, gpu_index=1, gpu_instance_id=2, compute_instance_id=0, message="NVML Xid event 13")
+    n = fleet.add(FakeNode(f"mig-{uniq}", [mig], cured_by="kill"))
+    result, _ = await run_with_status(fleet, n)
+    assert (result.outcome, result.rungs) == ("returned", ["kill"])
+    [req] = n.requests["node.kill_gpu_processes"]
+    assert req.gpus == [1] and not req.all_gpus
+    assert [(t.gpu_index, t.gpu_instance_id, t.compute_instance_id) for t in req.mig] == [(1, 2, 0)]
