@@ -51,8 +51,11 @@ def policy_from_mapping(data: Any, source: str = "policy") -> Policy:
     for key in ("xids", "xid_catalog_version"):
         if key in data:
             raise PolicyError(source, [f"{key}: the catalog is pinned; change entries with xid_overrides"])
+    from policies.profiles import merge_profiles, shipped_profiles
+
+    data = {**data, "profiles": merge_profiles(shipped_profiles(), data.get("profiles", {}))}
     try:
-        policy = Policy.model_validate(_merge(Policy().model_dump(mode="json", exclude={"xids"}), data))
+        policy = Policy.model_validate(_merge(Policy().model_dump(mode="json", exclude={"xids", "profiles"}), data))
     except ValidationError as err:
         raise PolicyError(source, describe_validation_error(err)) from None
     version, xids = load_catalog()
