@@ -57,8 +57,12 @@ class NvmlSession:
     def failed(self, err: BaseException) -> None:
         """Note an NVML error: one of REINIT_ERRORS makes the next ensure() initialise again."""
         if isinstance(err, REINIT_ERRORS):
-            with self._lock:
-                self._ready = False
+            self.stale()
+
+    def stale(self) -> None:
+        """The next ensure() initialises again (GPUs are enumerated at init: a missing one may be back)."""
+        with self._lock:
+            self._ready = False
 
     @contextmanager
     def use(self):
@@ -253,6 +257,8 @@ def probe_nvml(nv=pynvml, expected_gpus: int | None = None, *, min_gpus: int | N
         elif min_gpus is not None and count < min_gpus:
             result.findings.append(Finding(kind=FindingKind.GPU_COUNT_MISMATCH,
                                            message=f"NVML sees {count} GPUs, the node had {min_gpus}{why}"))
+        if result.findings:
+            session.stale()  # a GPU short: enumerate again next cycle, it may be back after a reset
         for index in range(count):
             _GpuChecks(nv, index, result, pcie, session).run()
     except pynvml.NVMLError as err:

@@ -410,7 +410,8 @@ class NodeProfile(_Strict):
 
     description: str = Field(default="", description="What kind of node this is.")
     sources: list[str] = Field(default_factory=list, description="Where each figure comes from.")
-    match: ProfileMatch = Field(default_factory=ProfileMatch, description="Which nodes get the profile (all given must match).")
+    match: ProfileMatch = Field(default_factory=ProfileMatch, description="Which nodes get it: a node group, instance "
+                                 "type or GPU product listed (the most specific wins), every `labels` entry holding.")
     gpus: int | None = Field(default=None, ge=0, le=64, description="GPUs NVML must see; null: not declared.")
     generation: Generation | None = Field(default=None, description="GPU generation (the Xid catalog's column).")
     network: NetworkProfile | None = Field(default=None, description="RDMA adapters; null: not declared.")

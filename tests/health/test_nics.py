@@ -8,9 +8,8 @@ import pytest
 from health.nics import check_nics, probe_nics, read_ports
 from policies.baseline import NicInventory, NodeBaseline
 from policies.model import NetworkProfile
-from sim.sysfs import EFA_UP, PORT_DOWN
+from sim.sysfs import EFA_UP, PORT_DOWN, write_efa_ports
 from sim.sysfs import PORT_UP as UP
-from sim.sysfs import write_efa_ports
 from sim.sysfs import write_ib_ports as make_tree
 
 IB_8x400 = NetworkProfile(kind="infiniband", ports=8, rate_gbps=400)
