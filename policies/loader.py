@@ -78,7 +78,11 @@ def _merge(base: dict, override: dict) -> dict:
 def policy_yaml(policy: Policy) -> str:
     """A policy as a file `load_policy` gives back equal (the pinned catalog left out): how a
     resolved policy, e.g. a scenario's scaled one, becomes a controller's --policy."""
-    return yaml.safe_dump(policy.model_dump(mode="json", exclude={"xids", "xid_catalog_version"}), sort_keys=False)
+    from policies.profiles import shipped_profiles
+
+    data = policy.model_dump(mode="json", exclude={"xids", "xid_catalog_version"})
+    data["profiles"] |= {name: None for name in shipped_profiles() if name not in policy.profiles}  # removed stays removed
+    return yaml.safe_dump(data, sort_keys=False)
 
 
 def default_policy() -> Policy:
