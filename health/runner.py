@@ -35,14 +35,19 @@ class ProbeConfig:
     require_nvidia_smi: bool = True  # a reset without it would be a silent no-op
     probe_timeout_s: float = 10.0
 
+    _local: tuple | None = None  # what this config was started with (flags), before any profile
+
     def apply_profile(self, name: str | None, profile: NodeProfile | None, baseline: NodeBaseline | None) -> None:
-        """Take the node's expectations (from the controller, or --profile outside a cluster)."""
+        """Take the node's expectations (from the controller, or --profile outside a cluster): what the
+        profile declares replaces what the agent was started with; what it leaves null does not."""
+        if self._local is None:
+            self._local = (self.expected_gpus, self.nics, self.pcie, self.generation)
+        gpus, nics, pcie, generation = self._local
         self.profile_name = name or ""
-        self.expected_gpus = profile.gpus if profile else None
-        self.nics = profile.network if profile else None
-        self.pcie = profile.pcie if profile else None
-        if profile is not None and profile.generation is not None:
-            self.generation = profile.generation.value
+        self.expected_gpus = profile.gpus if profile and profile.gpus is not None else gpus
+        self.nics = profile.network if profile and profile.network is not None else nics
+        self.pcie = profile.pcie if profile and profile.pcie is not None else pcie
+        self.generation = profile.generation.value if profile and profile.generation else generation
         self.baseline = baseline
 
     def pcie_expectation(self) -> PcieExpectation:

@@ -36,6 +36,9 @@ PATCH_BOUNDED_STATE = "bounded-state"
 # The guard admits quarantine (at most max_unhealthy cordoned), hears every ending, and lease
 # requests are re-sent while waiting (issue: never wedged).
 PATCH_GUARD_ADMISSION = "guard-admission"
+# workflow.patched id: a profile's observe mode (record the triage, never cordon); admission records
+# the node's baseline and keeps an observed node untainted.
+PATCH_NODE_PROFILES = "node-profiles"
 MAX_ACTIONS_KEPT = 200
 MAX_SEQ_SENDERS_KEPT = 32
 MAX_RUN_IDS_KEPT = 50
@@ -59,6 +62,7 @@ class Outcome(StrEnum):
     DRY_RUN = "dry_run"  # the policy's dry run: what would have been done is in the actions
     REJECTED = "rejected"  # the report named a node that does not exist or is not ours: nothing done
     FAILED = "failed"  # the cordon did not take: nothing disruptive done, the node needs a person
+    OBSERVED = "observed"  # the node's profile is in observe mode: the triage is recorded, nothing done
 
 
 class ActionRecord(BaseModel):
