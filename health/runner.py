@@ -75,7 +75,8 @@ def dependency_findings(config: ProbeConfig) -> list[Finding]:
     return out
 
 
-def _nvml(config: ProbeConfig, nv) -> ProbeResult:
+def probe_nvml_for(config: ProbeConfig, nv=pynvml) -> ProbeResult:
+    """The NVML probes against what this node should have (its profile, its baseline)."""
     b = config.baseline
     why = f"profile {config.profile_name}" if config.expected_gpus is not None else (b.origin() if b else "")
     return probe_nvml(nv, config.expected_gpus, min_gpus=b.gpus if b else None, pcie=config.pcie_expectation(),
@@ -88,7 +89,7 @@ def run_cycle(config: ProbeConfig, nv=pynvml, pool: concurrent.futures.Executor 
     pool = pool or concurrent.futures.ThreadPoolExecutor(max_workers=3, thread_name_prefix="probe")
     snap = ProbeResult(checks=["nvml", "nics", "dependencies"])
     futures = {
-        "nvml": pool.submit(_nvml, config, nv),
+        "nvml": pool.submit(probe_nvml_for, config, nv),
         "nics": pool.submit(check_nics, config.nics, config.sysfs_infiniband, config.baseline),
         "dependencies": pool.submit(dependency_findings, config),
     }
