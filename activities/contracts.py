@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from policies.baseline import NodeInventory
 from policies.findings import Finding
 from policies.model import Attribution, GuardPolicy, Policy
 
@@ -329,3 +330,39 @@ class PolicySnapshot(BaseModel):
     sha256: str = Field(description="Hash of the policy's canonical JSON: two controllers with one file agree.")
     source: str = Field(default="", description="Where the controller loaded it from (a path, or 'default').")
     policy: Policy
+    profile: str | None = Field(default=None, description="The node's profile, when one applies (its overrides are in `policy`).")
+    profile_reason: str = Field(default="", description="Why the node gets that profile (or none).")
+
+
+# --- node profiles and baselines (activities/node_profile.py) -------------------------------------
+PROFILE_EXPECTATIONS = "profile.expectations"
+PROFILE_RECORD_BASELINE = "profile.record_baseline"
+NODE_INVENTORY = "node.inventory"
+PROFILE_WORKFLOW = "NodeProfile"
+
+
+def profile_workflow_id(node: str) -> str:
+    return f"profile/{node}"
+
+
+class ExpectationsRequest(BaseModel):
+    node: str
+    observed: NodeInventory | None = Field(
+        default=None, description="What the agent's first healthy cycle saw: recorded as the node's baseline "
+                                  "(learned, not validated) when it has none yet.")
+    boot_id: str = ""
+
+
+class RecordBaselineRequest(_Request):
+    inventory: NodeInventory
+    validated: bool = True
+    boot_id: str = ""
+
+
+class InventoryRequest(_Request):
+    pass
+
+
+class InventoryResult(BaseModel):
+    inventory: NodeInventory | None = Field(default=None, description="None: a probe could not read what is there.")
+    findings: list[Finding] = Field(default_factory=list, description="Faults seen while taking it: nothing is recorded then.")

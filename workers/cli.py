@@ -61,22 +61,41 @@ def cmd_replay(args) -> int:
 
 
 def cmd_probe_kmsg(args) -> int:
-    from health.kmsg import KmsgParser
+    """Reads what the log holds and exits (/dev/kmsg and FIFOs are read non-blocking, to EAGAIN);
+    --follow reads on until SIGINT/SIGTERM."""
+    import signal
+    import time
+
+    from health.kmsg import KmsgFollower, KmsgParser
     from policies.classify import classify
     from policies.loader import default_policy
 
-    try:
-        with open(args.file, errors="replace") as fh:
-            findings = KmsgParser().parse(fh)
-    except OSError as err:
-        print(f"gpuheal probe kmsg: cannot read {args.file}: {err.strerror}", file=sys.stderr)
-        return 2
+    follower, parser, findings = KmsgFollower(args.file), KmsgParser(), []
+    stop = []
+    if args.follow:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.append(True))
+    while True:
+        try:
+            fresh = parser.parse(follower.poll())
+        except OSError as err:
+            print(f"gpuheal probe kmsg: cannot read {args.file}: {err.strerror}", file=sys.stderr)
+            return 2
+        findings += fresh
+        if args.follow and not args.json:
+            for f in fresh:
+                print(f"{f.kind.value:16} xid={f.xid!s:5} pci={f.pci} {f.message[:100]}", flush=True)
+        if not args.follow or stop:
+            break
+        time.sleep(0.5)
+    findings += parser.parse(follower.rest())
+    follower.close()
     triage = classify(findings, args.generation, default_policy())
     if args.json:
         _print_json({"findings": [f.model_dump(mode="json") for f in findings],
                      "triage": triage.model_dump(mode="json", exclude={"verdicts"})})
     else:
-        for f in findings:
+        for f in findings if not args.follow else []:
             print(f"{f.kind.value:16} xid={f.xid!s:5} pci={f.pci} {f.message[:100]}")
         print(f"triage ({args.generation}): " + (f"{triage.fault_class}, {triage.attribution}, start at "
               f"{triage.start_rung.value}" if triage.actionable else triage.reason))
@@ -90,12 +109,16 @@ def cmd_probe_nvml(args) -> int:
     """Exit 0 healthy, 1 a fault found; with --npd, 2 when the checks could not run (NPD's Unknown)."""
     import pynvml
 
-    from health.nvml import probe_nvml
+    from health.runner import probe_nvml_for
     from policies.classify import classify
     from policies.loader import default_policy
+    from workers.cli_profiles import local_profile
 
-    result = probe_nvml(pynvml, expected_gpus=args.expected_gpus)
-    triage = classify(result.findings, args.generation, default_policy())
+    config = local_profile(args, "gpuheal probe nvml")
+    if isinstance(config, int):
+        return config
+    result = probe_nvml_for(config, pynvml)
+    triage = classify(result.findings, config.generation, default_policy())
     broken_only = bool(result.findings) and all(f.kind.value == "probe_broken" for f in result.findings)
     if args.npd:
         if not result.findings:
@@ -104,7 +127,8 @@ def cmd_probe_nvml(args) -> int:
         print(("; ".join(f"{f.label()}: {f.message}" for f in result.findings))[:NPD_MESSAGE_MAX])
         return 2 if broken_only else 1
     if args.json:
-        _print_json({"findings": [f.model_dump(mode="json") for f in result.findings],
+        _print_json({"profile": config.profile_name or None,
+                     "findings": [f.model_dump(mode="json") for f in result.findings],
                      "gpus": [g.model_dump(mode="json") for g in result.gpus],
                      "mig_enabled": result.mig_enabled,
                      "triage": triage.model_dump(mode="json", exclude={"verdicts"})})
@@ -181,18 +205,22 @@ def cmd_controller(args) -> int:
 
 def cmd_agent(args) -> int:
     """The node agent: probes this host and serves node-local activities on node/<name>."""
-    from health.runner import ProbeConfig
     from workers.agent import AgentConfig, run_agent
+    from workers.cli_profiles import local_profile
 
     try:
         policy = load_policy(args.policy)
     except PolicyError as err:
         print(f"gpuheal agent: {err}", file=sys.stderr)
         return 2
+    probe = local_profile(args, "gpuheal agent")
+    if isinstance(probe, int):
+        return probe
+    # In a cluster the controller tells the agent its node's profile and baseline; --profile says it here.
     config = AgentConfig(node=args.node, policy=policy, cluster=args.cluster, task_queue=args.task_queue,
-                         generation=args.generation, poll_interval_s=args.poll_interval,
+                         generation=probe.generation, poll_interval_s=args.poll_interval,
                          kmsg_state=Path(args.kmsg_state) if args.kmsg_state else None,
-                         probe=ProbeConfig(expected_gpus=args.expected_gpus, generation=args.generation))
+                         probe=probe, lookup_expectations=not args.profile)
 
     async def body(client, stop) -> None:
         await run_agent(client, config, stop)

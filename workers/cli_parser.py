@@ -6,10 +6,11 @@ import argparse
 
 from activities import contracts as c
 from policies.model import Generation, Rung
-from workers import cli
+from workers import cli, cli_profiles
 from workers.telemetry import METRICS_HELP, TRACING_HELP
 
 GENERATIONS = [g.value for g in Generation]
+PROFILE_HELP = "what this node should have: a profile of the policy by name, or a YAML file holding one"
 
 
 def add_temporal_args(p: argparse.ArgumentParser, embedded: bool = False) -> None:
@@ -51,12 +52,15 @@ def build_parser() -> argparse.ArgumentParser:
     replay.set_defaults(func=cli.cmd_replay)
 
     probe = sub.add_parser("probe", help="run one probe here").add_subparsers(dest="probe_command", required=True)
-    kmsg = probe.add_parser("kmsg", help="classify kernel-log lines from a file (or /dev/kmsg)")
+    kmsg = probe.add_parser("kmsg", help="classify the kernel-log lines a file (or /dev/kmsg) holds, then exit")
     kmsg.add_argument("file")
     kmsg.add_argument("--generation", default="hopper", choices=GENERATIONS)
     kmsg.add_argument("--json", action="store_true")
+    kmsg.add_argument("--follow", action="store_true", help="keep reading new lines until SIGINT/SIGTERM")
     kmsg.set_defaults(func=cli.cmd_probe_kmsg)
     nvml = probe.add_parser("nvml", help="run the NVML probes on this host")
+    nvml.add_argument("--profile", default=None, metavar="NAME|FILE", help=PROFILE_HELP)
+    nvml.add_argument("--policy", default="default", help="the policy whose profiles --profile names")
     nvml.add_argument("--expected-gpus", type=int, default=None)
     nvml.add_argument("--generation", default="hopper", choices=GENERATIONS)
     nvml.add_argument("--json", action="store_true")
@@ -83,12 +87,21 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_argument("--cluster", default="default")
     agent.add_argument("--policy", default="default",
                        help="for the agent's own judgement of which findings are fatal; episodes use the controller's")
+    agent.add_argument("--profile", default=None, metavar="NAME|FILE",
+                       help=PROFILE_HELP + " (default: the controller tells the agent its node's profile)")
     agent.add_argument("--generation", default="hopper", choices=GENERATIONS)
-    agent.add_argument("--expected-gpus", type=int, default=8)
+    agent.add_argument("--expected-gpus", type=int, default=None)
     agent.add_argument("--poll-interval", type=float, default=10.0)
     agent.add_argument("--kmsg-state", default="/var/lib/gpuheal/kmsg-position",
                        help="file on the host keeping the kernel-log position, so a restarted agent reads on")
     agent.set_defaults(func=cli.cmd_agent)
+
+    profiles = sub.add_parser("profiles", help="which profile each GPU node gets and why, and its baseline")
+    profiles.add_argument("--kubeconfig", default=None, help="default: in-cluster config, else ~/.kube/config")
+    profiles.add_argument("--policy", default="default", help="the controller's policy file")
+    profiles.add_argument("--gpu-node-selector", default="nvidia.com/gpu.present=true")
+    profiles.add_argument("--json", action="store_true")
+    profiles.set_defaults(func=cli_profiles.cmd_profiles)
 
     sim = sub.add_parser("simulate", help="run a scenario on a simulated fleet, print each node's outcome")
     sim.add_argument("scenario")

@@ -23,6 +23,7 @@ with workflow.unsafe.imports_passed_through():
         PATCH_APP_AGENT_MISSING,
         PATCH_APPROVE_RUNG,
         PATCH_KILL_IMPLICATED,
+        PATCH_NODE_PROFILES,
         SA_ATTRIBUTION,
         SA_FAULT,
         SA_UUIDS,
@@ -52,6 +53,7 @@ class NodeRemediation(RungActions, RemediationSteps):
         # sent the first report, and is never trusted with the episode's state.
         self.s = (inp.state if workflow.info().continued_run_id else None) or RemediationState()
         self._decide_issue22()
+        self._profiles = False  # PATCH_NODE_PROFILES, decided with the other patches
 
     # --- handlers: agents signal, operators update, everyone queries --------------------------
     @workflow.signal
@@ -204,6 +206,7 @@ class NodeRemediation(RungActions, RemediationSteps):
         # Every patch is decided before the first local activity of a run: on replay, a patch
         # marker after a local activity's marker in one workflow task is a nondeterminism error.
         self._bounded(), self._no_harm(), self._local_cluster_calls(), self._guard_admission()
+        self._profiles = workflow.patched(PATCH_NODE_PROFILES)
         if workflow.info().continued_run_id and self.s.policy_sha256:
             return
         snap = await take_controller_policy(self.node)
@@ -231,6 +234,9 @@ class NodeRemediation(RungActions, RemediationSteps):
         self._upsert(*found)
         self._record("triage", f"triage {self.node}", True,
                      f"{t.fault_class} ({t.attribution}, {t.severity}): start at {t.start_rung.value}; {t.reason}")
+        if self._profiles and self.policy.observe:
+            return self._finish(Outcome.OBSERVED, f"observe mode ({self.policy.name}): would start at "
+                                                  f"{t.start_rung.value} ({t.fault_class}); nothing done")
         self.s.next_rung = t.start_rung
         if t.attribution == "platform":
             # Cordon first: it is safe, needs no budget, and every second counts for the jobs.

@@ -51,6 +51,9 @@ PATCH_REPEAT_PER_BOARD = "repeat-offender-per-board"  # 15b: repeat offenders co
 ISSUE22_PATCHES = (PATCH_DRY_RUN_DENYLIST, PATCH_AGENT_MISSING_TOP, PATCH_AGENT_BOOT, PATCH_KILL_IMPLICATED,
                    PATCH_APP_AGENT_MISSING, PATCH_APPROVAL_NO_LEASE, PATCH_LEASE_REQUEST_IDS, PATCH_REPLACE_THEN_DENY,
                    PATCH_REPLACED_NODE, PATCH_APPROVE_RUNG, PATCH_REPEAT_PER_BOARD)
+# workflow.patched id: a profile's observe mode (record the triage, never cordon); admission records
+# the node's baseline and keeps an observed node untainted.
+PATCH_NODE_PROFILES = "node-profiles"
 MAX_ACTIONS_KEPT = 200
 MAX_SEQ_SENDERS_KEPT = 32
 MAX_RUN_IDS_KEPT = 50
@@ -74,6 +77,7 @@ class Outcome(StrEnum):
     DRY_RUN = "dry_run"  # the policy's dry run: what would have been done is in the actions
     REJECTED = "rejected"  # the report named a node that does not exist or is not ours: nothing done
     FAILED = "failed"  # the cordon did not take: nothing disruptive done, the node needs a person
+    OBSERVED = "observed"  # the node's profile is in observe mode: the triage is recorded, nothing done
 
 
 class ActionRecord(BaseModel):
