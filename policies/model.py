@@ -313,7 +313,8 @@ class Policy(_Strict):
 
 
 ACTIVITY_TIMEOUT_FLOOR = timedelta(seconds=10)
-_ACTIVITY_TIMEOUTS = {"action_timeout", "agent_timeout", "timeout", "heartbeat_timeout", "admission_timeout"}
+_ACTIVITY_TIMEOUTS = {"action_timeout", "agent_timeout", "timeout", "heartbeat_timeout", "admission_timeout",
+                      "time_limit"}
 _SECONDS = {"pod_grace_seconds"}  # durations kept as whole seconds (the Kubernetes API's unit)
 
 
