@@ -142,3 +142,23 @@ def judge_against_kind(gpu: GpuLoadResult, policy: LoadTestPolicy, ref: SkuRefer
         elif floor is not None and value < floor:
             why.append(f"{name} {value:.3g} is below the {gpu.sku} floor {floor:.3g}")
     return why
+
+
+def describe(report: LoadReport) -> str:
+    """One line per GPU of what it measured: what history and `gpuheal validate` show."""
+    def fig(g: GpuLoadResult, name: str, unit: str, fmt: str = ".0f") -> str:
+        return f"{g.figures[name]:{fmt}} {unit}" if name in g.figures else f"- {unit}"
+
+    lines = [f"load test {report.tier}: {'passed' if report.passed else 'FAILED'} in {report.wall_s:.1f} s "
+             f"(battery overhead {report.overhead_s:.2f} s; {', '.join(report.tests)})"]
+    for g in report.gpus:
+        lines.append(
+            f"GPU {g.index} {g.uuid} serial {g.serial}: {fig(g, 'tflops_sustained', 'TFLOP/s')}, "
+            f"ABFT {g.figures.get('abft_max_error', 0):.1e}, HBM {fig(g, 'hbm_read_tbps', 'TB/s', '.2f')} "
+            f"({g.figures.get('hbm_mismatches', 0):.0f} bad words), copy {fig(g, 'd2d_tbps', 'TB/s', '.2f')}, "
+            f"H2D {fig(g, 'h2d_gbps', 'GB/s')}, D2H {fig(g, 'd2h_gbps', 'GB/s')}, peer {fig(g, 'peer_gbps_min', 'GB/s')}"
+            + (f"; FAILED {', '.join(g.failed)}" if g.failed else ""))
+    for name, value in sorted(report.node_figures.items()):
+        if name != "watch_notes":
+            lines.append(f"node {name}: {value:.3g}")
+    return "\n".join(lines)

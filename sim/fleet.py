@@ -34,6 +34,7 @@ from health.runner import ProbeConfig
 from policies.findings import Finding
 from policies.model import Policy, Rung
 from sim.fake_kube import FakeKubeServer
+from sim.load_device import sim_opener
 from sim.nvml import SimulatedNvml
 from sim.scenario import Fault, Scenario
 from sim.sysfs import PORT_UP, write_ib_ports
@@ -218,7 +219,7 @@ class SimulatedFleet:
                                                                    PolicyActivities(self.policy, "scenario"))))
         for host in self.hosts.values():
             acts = SimNodeActivities(host, self.agent_config(host).probe, host.nv, proc=host.proc, nvidia_smi=str(smi),
-                                     dcgmi=str(self.tmp / "no-dcgmi"))
+                                     dcgmi=str(self.tmp / "no-dcgmi"), open_devices=sim_opener(host.nv))
             host.worker = Worker(self.temporal, task_queue=node_task_queue(host.name), activities=acts.activities())
             workers.append(host.worker)
         try:

@@ -31,6 +31,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.report_intake import record_rejection, take_report
     from workflows.rungs import RungActions
+    from workflows.validation import PATCH_LOAD_VALIDATION
 
 
 @workflow.defn(name=c.EPISODE_WORKFLOW)
@@ -189,6 +190,7 @@ class NodeRemediation(RungActions, RemediationSteps):
         # Every patch is decided before the first local activity of a run: on replay, a patch
         # marker after a local activity's marker in one workflow task is a nondeterminism error.
         self._bounded(), self._no_harm(), self._local_cluster_calls(), self._guard_admission()
+        workflow.patched(PATCH_LOAD_VALIDATION)  # decided here, read where the node is validated
         if workflow.info().continued_run_id and self.s.policy_sha256:
             return
         snap = await take_controller_policy(self.node)
