@@ -116,8 +116,13 @@ def _past(deadline: float) -> bool:
 def _gpu_processes(nv, gpus: list[int] | None) -> list[int]:
     nv.nvmlInit()
     try:
-        wanted = gpus or list(range(nv.nvmlDeviceGetCount()))
-        return [p.pid for i in wanted for p in nv.nvmlDeviceGetComputeRunningProcesses(nv.nvmlDeviceGetHandleByIndex(i))]
+        pids = []
+        for i in gpus or list(range(nv.nvmlDeviceGetCount())):
+            try:
+                pids += [p.pid for p in nv.nvmlDeviceGetComputeRunningProcesses(nv.nvmlDeviceGetHandleByIndex(i))]
+            except pynvml.NVMLError as err:
+                raise LoadTestUnavailable(f"GPU {i} cannot be used: {err}") from None
+        return pids
     finally:
         nv.nvmlShutdown()
 
@@ -128,9 +133,8 @@ def _one_gpu(dev: GpuDevice, policy: LoadTestPolicy, tier, deadline: float) -> t
     failures: dict[str, str] = {}
     past = lambda: _past(deadline)  # noqa: E731
     try:
-        tol = policy.abft_tolerance.get(policy.gemm_dtype, 1e-4)
         f, bad = run_compute(dev, policy.gemm_n, policy.gemm_dtype, tier.compute.total_seconds(), policy.abft_every,
-                             policy.known_answer_every, tol, past)
+                             policy.known_answer_every, policy.abft_ulps.get(policy.gemm_dtype, 1.0), past)
         figures.update(f)
         if bad:
             failures["compute"] = bad

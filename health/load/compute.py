@@ -18,10 +18,11 @@ KNOWN_SEED, LOAD_SEED, BATCH = 0xC0FFEE, 0xBEEF, 8
 
 
 def run_compute(dev: GpuDevice, n: int, dtype: str, duration_s: float, abft_every: int, known_every: int,
-                tolerance: float, past_deadline: Callable[[], bool]) -> tuple[dict[str, float], str | None]:
+                ulps: float, past_deadline: Callable[[], bool]) -> tuple[dict[str, float], str | None]:
     """The figures and, when the GPU corrupted a result, what it got wrong."""
     xp = dev.xp
     ka, kb = dev.operands(n, dtype, KNOWN_SEED)
+    tolerance = checks.abft_tolerance(xp, dtype, ka.shape[0], ulps)
     want = dev.product(ka, kb)
     first_error = checks.abft_error(xp, ka, kb, want)
     if first_error > tolerance:
@@ -53,7 +54,8 @@ def run_compute(dev: GpuDevice, n: int, dtype: str, duration_s: float, abft_ever
         known_checks += 1
     figures = {"tflops_sustained": products * dev.flops(n) / busy / 1e12 if busy > 0 else 0.0,
                "tflops_burst": burst, "products": float(products), "abft_max_error": worst,
-               "known_answer_checks": float(known_checks), "compute_s": dev.now() - start}
+               "known_answer_checks": float(known_checks), "abft_tolerance": tolerance,
+               "compute_s": dev.now() - start}
     return figures, why
 
 
