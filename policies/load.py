@@ -87,6 +87,9 @@ class LoadTestPolicy(_Strict):
     degraded_fraction: float = Field(default=0.9, gt=0, le=1, description="Below this share of the SKU's fleet median is degraded.")
     min_nodes_for_median: int = Field(default=5, ge=1, description="Nodes of a SKU measured before its median replaces the floors.")
     floors: dict[str, SkuFloors] = Field(default_factory=_default_floors, description="Shipped floors per GPU product name.")
+    suspect_interval: Duration = Field(
+        default=timedelta(hours=1),
+        description="A node's suspect report is refused this soon after its last episode ended (rate limit per node).")
 
     def tier(self, name: str) -> LoadTier:
         if name not in ("quick", "repair", "admission"):
@@ -145,20 +148,15 @@ def judge_against_kind(gpu: GpuLoadResult, policy: LoadTestPolicy, ref: SkuRefer
 
 
 def describe(report: LoadReport) -> str:
-    """One line per GPU of what it measured: what history and `gpuheal validate` show."""
-    def fig(g: GpuLoadResult, name: str, unit: str, fmt: str = ".0f") -> str:
-        return f"{g.figures[name]:{fmt}} {unit}" if name in g.figures else f"- {unit}"
+    """What the load test measured, one short line per GPU: what history and `gpuheal validate` show."""
+    def fig(g: GpuLoadResult, name: str, fmt: str = ".0f") -> str:
+        return f"{g.figures[name]:{fmt}}" if name in g.figures else "-"
 
-    lines = [f"load test {report.tier}: {'passed' if report.passed else 'FAILED'} in {report.wall_s:.1f} s "
-             f"(battery overhead {report.overhead_s:.2f} s; {', '.join(report.tests)})"]
+    lines = [f"load {report.tier} {'passed' if report.passed else 'FAILED'} in {report.wall_s:.1f}s "
+             f"(overhead {report.overhead_s:.2f}s): GPU serial TFLOP/s HBM-TB/s bad-words copy-TB/s H2D/D2H/peer-GB/s"]
     for g in report.gpus:
-        lines.append(
-            f"GPU {g.index} {g.uuid} serial {g.serial}: {fig(g, 'tflops_sustained', 'TFLOP/s')}, "
-            f"ABFT {g.figures.get('abft_max_error', 0):.1e}, HBM {fig(g, 'hbm_read_tbps', 'TB/s', '.2f')} "
-            f"({g.figures.get('hbm_mismatches', 0):.0f} bad words), copy {fig(g, 'd2d_tbps', 'TB/s', '.2f')}, "
-            f"H2D {fig(g, 'h2d_gbps', 'GB/s')}, D2H {fig(g, 'd2h_gbps', 'GB/s')}, peer {fig(g, 'peer_gbps_min', 'GB/s')}"
-            + (f"; FAILED {', '.join(g.failed)}" if g.failed else ""))
-    for name, value in sorted(report.node_figures.items()):
-        if name != "watch_notes":
-            lines.append(f"node {name}: {value:.3g}")
+        lines.append(f"{g.index} {g.serial or g.uuid} {fig(g, 'tflops_sustained')} {fig(g, 'hbm_read_tbps', '.2f')} "
+                     f"{fig(g, 'hbm_mismatches')} {fig(g, 'd2d_tbps', '.2f')} {fig(g, 'h2d_gbps')}/{fig(g, 'd2h_gbps')}/"
+                     f"{fig(g, 'peer_gbps_min')}" + (f" FAILED {','.join(g.failed)}" if g.failed else ""))
+    lines += [f"{name} {value:.3g}" for name, value in sorted(report.node_figures.items()) if name != "watch_notes"]
     return "\n".join(lines)

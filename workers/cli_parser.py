@@ -140,8 +140,12 @@ def build_parser() -> argparse.ArgumentParser:
     res.add_argument("--leases", type=int, default=1, help="with --force: how many leases (default 1)")
     res.add_argument("--for", dest="for_", default=None, metavar="DURATION", help="with --force: lift the gates this long (e.g. 30m)")
     rep = operator_cmd("report", "report a fault by hand", cli.cmd_report, "required")
-    rep.add_argument("--xid", type=int, required=True)
-    rep.add_argument("--gpu", type=int, required=True)
+    what = rep.add_mutually_exclusive_group(required=True)
+    what.add_argument("--xid", type=int, help="an Xid seen on --gpu")
+    what.add_argument("--suspect", metavar="WHY", help="suspect, not failed: drain and load-test it, remedy only on a failure")
+    rep.add_argument("--gpu", type=int, help="with --xid: the GPU it was seen on")
+    rep.add_argument("--min-interval", default="1h", metavar="DURATION",
+                     help="with --suspect: refuse when the node's last episode ended less than this ago")
     rep.add_argument("--task-queue", default=c.DEFAULT_TASK_QUEUE)
     _logging_flags_everywhere(sub)
     return p

@@ -27,10 +27,11 @@ class AgentMissing(Exception):
 
 async def validate_once(node: str, policy: ValidationPolicy, expected_gpus: int | None, label: str,
                         record: Recorder, dry_run: bool = False, strict_agent: bool = False,
-                        tier: str | None = None) -> bool:
+                        tier: str | None = None, found: list | None = None) -> bool:
     """Whether the node passed; with `strict_agent`, an agent that never picked the run up raises
     AgentMissing instead of counting as a failed validation. With a `tier` (PATCH_LOAD_VALIDATION)
-    the node is load-tested, judged against its SKU's fleet figures, and the figures are ledgered."""
+    the node is load-tested, judged against its SKU's fleet figures, and the figures are ledgered;
+    `found` collects the findings of a failed run."""
     summary = f"validate {node} ({label}): fresh probes + dcgm r{policy.dcgm_level}"
     extra, timeout = {}, policy.timeout
     if tier is not None:
@@ -57,6 +58,8 @@ async def validate_once(node: str, policy: ValidationPolicy, expected_gpus: int 
             raise AgentMissing(node) from None
         record("validate", summary, False, f"could not run: {err.cause or err}")
         return False
+    if found is not None:
+        found += result.findings
     detail = "passed" if result.passed else "failed: " + ", ".join(f.label() for f in result.findings)
     if result.load is not None:
         # Each finding names its GPU and test; the figures go to history here and to the ledger below.
