@@ -9,6 +9,7 @@ from pydantic import BaseModel, Field
 
 from policies.baseline import NodeInventory
 from policies.findings import Finding
+from policies.load import GpuLoadResult, LoadReport, LoadTestPolicy, SkuReference
 from policies.model import Attribution, GuardPolicy, Policy
 
 # Names are stable strings: histories record them, so renaming one breaks replay.
@@ -31,6 +32,8 @@ LEDGER_RECORD = "ledger.record"
 LEDGER_COUNT_RECENT = "ledger.count_recent"
 LEDGER_DENYLIST = "ledger.denylist"
 LEDGER_CHECK_DENIED = "ledger.check_denied"
+LEDGER_LOAD_FIGURES = "ledger.load_figures"
+LEDGER_BASELINE = "ledger.baseline"
 GUARD_SIGNAL = "guard.signal"
 GUARD_LIVE_HOLDERS = "guard.live_holders"
 GUARD_RUNNING_EPISODES = "guard.running_episodes"
@@ -222,12 +225,36 @@ class ValidateRequest(_Request):
     dcgm_level: int = 2
     dcgm_required: bool = False
     expected_gpus: int | None = None
+    tier: str | None = Field(default=None, description="Load-test tier (quick, repair, admission); None: status "
+                                                       "probes only (a node still in service, or an old history).")
+    load: LoadTestPolicy | None = None
+    references: dict[str, SkuReference] = Field(default_factory=dict, description="Per-SKU fleet medians to judge against.")
+    gpus: list[int] = Field(default_factory=list, description="GPUs to load-test; empty: all.")
 
 
 class ValidationResult(BaseModel):
     passed: bool
     findings: list[Finding] = Field(default_factory=list)
     checks: list[str] = Field(default_factory=list, description="What ran: nvml, kmsg, nics, dcgm-r2 ...")
+    load: LoadReport | None = Field(default=None, description="The load test's figures, per GPU.")
+
+
+class LoadFiguresRecord(BaseModel):
+    """One validation's figures for the ledger, per node and GPU serial."""
+
+    node: str
+    episode: str
+    tier: str
+    at: datetime
+    gpus: list[GpuLoadResult]
+
+
+class BaselineRequest(BaseModel):
+    skus: list[str] = Field(default_factory=list, description="Empty: every SKU measured.")
+
+
+class BaselineResult(BaseModel):
+    references: dict[str, SkuReference] = Field(default_factory=dict)
 
 
 class BootIdRequest(_Request):

@@ -15,18 +15,23 @@ from temporalio import activity
 
 from activities import contracts as c
 from activities.errors import DEPENDENCY_MISSING, MIG_ACTIVE, NO_EFFECT, PROCESSES_REMAIN, fail
+from health.load.battery import Opener, run_battery
+from health.load.cupy_device import cupy_opener
 from health.nvml import mig_id, nvml_session, probe_nvml
 from health.runner import ProbeConfig, run_cycle
 from policies.findings import Finding
+from policies.load import LoadReport, LoadTestPolicy
 
 _POD_UID = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
 
 
 class NodeActivities:
     def __init__(self, config: ProbeConfig, nv=pynvml, proc: Path = Path("/proc"), nvidia_smi: str = "nvidia-smi",
-                 dcgmi: str = "dcgmi"):
+                 dcgmi: str = "dcgmi", open_devices: Opener | None = None):
         self.config, self.nv, self.proc = config, nv, proc
         self.nvidia_smi, self.dcgmi = nvidia_smi, dcgmi
+        # Real GPUs through CuPy unless told otherwise (the simulated hosts pass their own).
+        self.open_devices = open_devices or cupy_opener(nv)
 
     def activities(self) -> list:
         """What the node's worker registers on node/<name>."""
@@ -204,6 +209,19 @@ class NodeActivities:
             config = ProbeConfig(**{**config.__dict__, "expected_gpus": req.expected_gpus})
         snap = await asyncio.to_thread(run_cycle, config, self.nv)
         findings, checks = list(snap.findings), list(snap.checks)
+        if req.tier is not None:
+            load = None
+            if findings:
+                checks.append(f"load-{req.tier}: not run, the status probes already failed")
+            elif req.dry_run:
+                checks.append(f"load-{req.tier}: dry run, not run")
+            else:
+                load = await self._load_test(req)
+                findings += load.findings
+                checks += [f"load-{req.tier}", *load.tests]
+            if req.dcgm_required and shutil.which(self.dcgmi) is None:
+                findings.append(Finding(kind="probe_broken", message="dcgmi required by policy but not installed"))
+            return c.ValidationResult(passed=not findings, findings=findings, checks=checks, load=load)
         dcgmi = shutil.which(self.dcgmi)
         if dcgmi is not None:
             checks.append(f"dcgm-r{req.dcgm_level}")
@@ -216,3 +234,13 @@ class NodeActivities:
         elif req.dcgm_required:
             findings.append(Finding(kind="probe_broken", message="dcgmi required by policy but not installed"))
         return c.ValidationResult(passed=not findings, findings=findings, checks=checks)
+
+    async def _load_test(self, req: c.ValidateRequest) -> LoadReport:
+        """The battery in a thread, heartbeating meanwhile (a validation runs up to ~20 minutes)."""
+        job = asyncio.ensure_future(asyncio.to_thread(
+            run_battery, self.open_devices, self.nv, req.load or LoadTestPolicy(), req.tier, req.gpus or None,
+            req.references, {"dcgmi": self.dcgmi}))
+        while not job.done():
+            activity.heartbeat(f"load test {req.tier} running")
+            await asyncio.wait([job], timeout=5)
+        return job.result()

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from policies.durations import Duration
 from policies.findings import FindingKind, RecoveryAction
+from policies.load import LoadTestPolicy
 
 
 class Rung(StrEnum):
@@ -127,6 +128,10 @@ class ValidationPolicy(_Strict):
     agent_timeout: Duration = Field(
         default=timedelta(minutes=2),
         description="Schedule-to-start timeout of node-local activities: longer means the agent is gone.",
+    )
+    load: LoadTestPolicy = Field(
+        default_factory=LoadTestPolicy,
+        description="The load-test battery validations run on a drained node: tiers, tolerances, per-SKU floors.",
     )
 
 
@@ -323,7 +328,8 @@ class Policy(_Strict):
 
 
 ACTIVITY_TIMEOUT_FLOOR = timedelta(seconds=10)
-_ACTIVITY_TIMEOUTS = {"action_timeout", "agent_timeout", "timeout", "heartbeat_timeout", "admission_timeout"}
+_ACTIVITY_TIMEOUTS = {"action_timeout", "agent_timeout", "timeout", "heartbeat_timeout", "admission_timeout",
+                      "time_limit"}
 _SECONDS = {"pod_grace_seconds"}  # durations kept as whole seconds (the Kubernetes API's unit)
 
 

@@ -38,6 +38,8 @@ class SimGpu:
     mig: bool = False
     lost: bool = False
     processes: list[tuple] = field(default_factory=list)  # (pid, used bytes) or, MIG on, (pid, bytes, gi, ci)
+    load_faults: set[str] = field(default_factory=set)  # seen only by the load test (sim/load_device.py)
+    load_xid: int = 119
 
 
 class SimulatedNvml:
@@ -45,6 +47,8 @@ class SimulatedNvml:
 
     FAULT_KINDS = ("xid", "ecc_dbe", "row_remap_failure", "row_remap_pending", "gpu_lost", "pcie_degraded",
                    "nvlink_down", "thermal", "nvml_missing", "recovery_action", "pcie_gen_degraded", "power_brake")
+    # Faults no status query sees: they show only when the load test makes the GPU work.
+    LOAD_FAULT_KINDS = ("corrupt_under_load", "hbm_cells", "slow_gpu", "hw_slowdown_under_load", "xid_under_load")
 
     def __init__(self, node: str = "sim", gpus: int = 8, generation: str = "hopper"):
         gen = PCIE_GEN[generation]
@@ -63,6 +67,8 @@ class SimulatedNvml:
         self.calls = 0
         self.enumerated: list[SimGpu] = []
         self._events: queue.Queue = queue.Queue()
+        self._event_sets: list[queue.Queue] = []  # as NVML: every set created gets each later event
+        self._first_taken = False
         self._lock = threading.Lock()
 
     # --- fault injection (scenario kinds) ------------------------------------------------------
@@ -70,13 +76,16 @@ class SimulatedNvml:
         """`gi`/`ci`: the MIG instance an Xid event names (NVML's 0xFFFFFFFF: none)."""
         g = self.gpus[gpu]
         with self._lock:
-            if kind == "xid":
-                self._events.put(SimpleNamespace(device=g.index, eventType=pynvml.nvmlEventTypeXidCriticalError,
-                                                 eventData=xid, gpuInstanceId=gi, computeInstanceId=ci))
+            if kind in self.LOAD_FAULT_KINDS:
+                g.load_faults.add(kind)
+                g.load_xid = xid or g.load_xid
+            elif kind == "xid":
+                self._emit(SimpleNamespace(device=g.index, eventType=pynvml.nvmlEventTypeXidCriticalError,
+                                           eventData=xid, gpuInstanceId=gi, computeInstanceId=ci))
             elif kind == "ecc_dbe":
                 g.ecc_uncorrected += 1
-                self._events.put(SimpleNamespace(device=g.index, eventType=pynvml.nvmlEventTypeDoubleBitEccError,
-                                                 eventData=0, gpuInstanceId=NO_INSTANCE, computeInstanceId=NO_INSTANCE))
+                self._emit(SimpleNamespace(device=g.index, eventType=pynvml.nvmlEventTypeDoubleBitEccError,
+                                           eventData=0, gpuInstanceId=NO_INSTANCE, computeInstanceId=NO_INSTANCE))
             elif kind == "row_remap_failure":
                 g.remap_failure = True
             elif kind == "row_remap_pending":
@@ -98,7 +107,13 @@ class SimulatedNvml:
             elif kind == "power_brake":
                 g.clock_reasons = pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown
             else:
-                raise ValueError(f"unknown simulated fault kind {kind!r}: one of {', '.join(self.FAULT_KINDS)}")
+                kinds = (*self.FAULT_KINDS, *self.LOAD_FAULT_KINDS)
+                raise ValueError(f"unknown simulated fault kind {kind!r}: one of {', '.join(kinds)}")
+
+    def _emit(self, event) -> None:
+        self._events.put(event)
+        for es in self._event_sets:
+            es.put(event)
 
     def clear(self) -> None:
         """What a cure does: every GPU healthy again."""
@@ -107,8 +122,11 @@ class SimulatedNvml:
                 g.ecc_uncorrected, g.remap_pending, g.remap_failure, g.recovery_action = 0, False, False, 0
                 g.pcie_width, g.links_down, g.clock_reasons, g.temperature, g.lost = GENERATION_PCI_WIDTH, set(), 0, 45, False
                 g.pcie_gen_link = g.pcie_gen = g.pcie_gen_gpu
+                g.load_faults = set()
             self.loadable, self.hidden = True, set()
-            self._events = queue.Queue()
+            for es in (self._events, *self._event_sets):  # drained, not replaced: listeners hold them
+                while not es.empty():
+                    es.get_nowait()
 
     # --- the pynvml API ------------------------------------------------------------------------
     def driver_reload(self) -> None:
@@ -221,7 +239,19 @@ class SimulatedNvml:
 
     def nvmlEventSetCreate(self):  # noqa: N802
         self._ready()
-        return self._events
+        # The first set is the one faults injected before anyone listened wait in (the agent's).
+        with self._lock:
+            if not self._first_taken:
+                self._first_taken = True
+                return self._events
+            es: queue.Queue = queue.Queue()
+            self._event_sets.append(es)
+            return es
+
+    def nvmlEventSetFree(self, es) -> None:  # noqa: N802
+        with self._lock:
+            if es in self._event_sets:
+                self._event_sets.remove(es)
 
     def nvmlDeviceRegisterEvents(self, h, mask, es) -> None:  # noqa: N802
         self._alive(h)
@@ -229,6 +259,6 @@ class SimulatedNvml:
     def nvmlEventSetWait_v2(self, es, timeout_ms: int):  # noqa: N802
         self._ready()
         try:
-            return self._events.get(timeout=timeout_ms / 1000)
+            return es.get(timeout=timeout_ms / 1000)
         except queue.Empty:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT) from None

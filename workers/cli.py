@@ -426,10 +426,18 @@ def cmd_guard(args) -> int:
 
 
 def cmd_report(args) -> int:
+    from policies.durations import parse_duration
     from workers import operator as op
 
+    if args.xid is not None and args.gpu is None:
+        return _fail("gpuheal report: --xid needs --gpu")
+
     async def work(c):
-        handle = await op.manual_report(c, args.node, args.xid, args.gpu, args.cluster, args.task_queue)
+        if args.suspect is not None:
+            handle = await op.suspect_report(c, args.node, args.suspect, parse_duration(args.min_interval),
+                                             args.cluster, args.task_queue)
+        else:
+            handle = await op.manual_report(c, args.node, args.xid, args.gpu, args.cluster, args.task_queue)
         return {"workflow_id": handle.id, "sent": True}
 
     return _operator(args, work)

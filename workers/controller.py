@@ -21,6 +21,7 @@ from activities.contracts import guard_workflow_id
 from activities.guard import GuardActivities
 from activities.kube import CLUSTER_CALL_THREADS, KubeActivities, load_core_api
 from activities.ledger import DynamoLedger, LedgerActivities, SqliteLedger
+from activities.load_ledger import LoadFigureActivities
 from activities.node_profile import NodeProfileActivities
 from activities.policy import PolicyActivities
 from policies.loader import default_policy
@@ -61,7 +62,8 @@ def controller_activities(kube: KubeActivities, cloud: CloudActivities, ledger: 
             kube.check_node, kube.quarantined_nodes,
             cloud.reboot, cloud.replace, cloud.boot_id, ledger.record, ledger.count_recent, ledger.denylist,
             ledger.check_denied, guard.signal_guard, guard.live_holders,
-            guard.running_episodes, profiles.current, profiles.expectations, profiles.record_baseline]
+            guard.running_episodes, profiles.current, profiles.expectations, profiles.record_baseline,
+            *LoadFigureActivities(ledger.ledger).activities()]
 
 
 def build_worker(client: Client, cfg: ControllerConfig) -> Worker:

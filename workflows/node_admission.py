@@ -19,7 +19,7 @@ with workflow.unsafe.imports_passed_through():
         take_controller_policy,
     )
     from workflows.remediation_types import PATCH_NODE_PROFILES, ActionRecord, Outcome
-    from workflows.validation import validate_twice
+    from workflows.validation import PATCH_LOAD_VALIDATION, validate_twice
 
 
 class AdmissionInput(BaseModel):
@@ -53,6 +53,7 @@ class NodeAdmission:
     @workflow.run
     async def run(self, inp: AdmissionInput) -> AdmissionResult:
         profiles = workflow.patched(PATCH_NODE_PROFILES)  # decided before the first local activity
+        load = workflow.patched(PATCH_LOAD_VALIDATION)  # before the first local activity
         if controller_policy_applies():
             snap = await take_controller_policy(inp.node)
             trusted = {"policy": snap.policy, "expected_gpus": None}
@@ -79,7 +80,7 @@ class NodeAdmission:
                 f"replace {inp.node}: {reason}", c.ReplaceResult)
             return self._result(Outcome.DENIED_ADMISSION, reason, 0)
         passed = await validate_twice(inp.node, inp.policy.validation, inp.expected_gpus, self._record,
-                                      inp.policy.dry_run)
+                                      inp.policy.dry_run, tiers=("admission", "repair") if load else (None, None))
         if passed < 2:
             return self._result(Outcome.QUARANTINED, f"validation {passed + 1} of 2 failed: node stays tainted", passed)
         if profiles:

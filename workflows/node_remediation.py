@@ -36,10 +36,12 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.report_intake import record_rejection, take_report
     from workflows.rungs import RungActions
+    from workflows.suspect import PATCH_SUSPECT_LOAD_TEST, SuspectCheck
+    from workflows.validation import PATCH_LOAD_VALIDATION
 
 
 @workflow.defn(name=c.EPISODE_WORKFLOW)
-class NodeRemediation(RungActions, RemediationSteps):
+class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
     """The runbook: triage, the ladder one rung at a time, return to service, probation. Its parts
     are lease.py (the guard), remediation_steps.py (cordon, drain, approval), rungs.py (the
     actions and validation), episode.py (state and records), report_intake.py (reports)."""
@@ -207,6 +209,7 @@ class NodeRemediation(RungActions, RemediationSteps):
         # marker after a local activity's marker in one workflow task is a nondeterminism error.
         self._bounded(), self._no_harm(), self._local_cluster_calls(), self._guard_admission()
         self._profiles = workflow.patched(PATCH_NODE_PROFILES)
+        workflow.patched(PATCH_LOAD_VALIDATION), workflow.patched(PATCH_SUSPECT_LOAD_TEST)  # read where used
         if workflow.info().continued_run_id and self.s.policy_sha256:
             return
         snap = await take_controller_policy(self.node)
@@ -277,6 +280,9 @@ class NodeRemediation(RungActions, RemediationSteps):
         if rung.disruptive and self._no_harm() and not self.policy.dry_run and not self.s.lease_held:
             await self._acquire_lease()  # a long pause gave it back
             if self._steered():
+                return
+        if rung.disruptive and self._suspect_pending():
+            if await self._suspect_cleared() or self.s.stage is Stage.DONE:
                 return
         self.s.rungs_tried.append(rung)
         self.s.attempts[rung.value] = self.s.attempts.get(rung.value, 0) + 1

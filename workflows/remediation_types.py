@@ -141,6 +141,7 @@ class RemediationState(BaseModel):
     policy_sha256: str = ""
     admission: str = Field(default="", description="'', asked, admitted or deferred: the guard's answer on quarantine.")
     admission_reason: str = ""
+    suspect_tested: bool = Field(default=False, description="A suspect node's load test before the ladder has run.")
 
 
 class RemediationInput(BaseModel):
