@@ -29,6 +29,7 @@ with workflow.unsafe.imports_passed_through():
         RemediationStatus,
         Stage,
     )
+    from workflows.outcome import PATCH_OUTCOME_LEDGER, outcome_fields
     from workflows.report_intake import record_rejection, take_report
     from workflows.rungs import RungActions
 
@@ -317,7 +318,9 @@ class NodeRemediation(RungActions, RemediationSteps):
                 node=self.node, episode=self._episode(), hardware_ids=self.s.hardware_ids,
                 fault_class=self.s.triage.fault_class, attribution=self.s.triage.attribution,
                 rungs=[r.value for r in self.s.rungs_tried], outcome=self.s.outcome.value,
-                started_at=self.s.started_at, ended_at=workflow.now()), None,
+                started_at=self.s.started_at, ended_at=workflow.now(),
+                **(outcome_fields(self.s, self.inp.generation.value, workflow.now())
+                   if workflow.patched(PATCH_OUTCOME_LEDGER) else {})), None,
                 f"record {self.node}'s episode in the ledger")
 
     async def _continue_as_new_if_due(self) -> None:

@@ -121,6 +121,8 @@ class RemediationState(BaseModel):
     policy_sha256: str = ""
     admission: str = Field(default="", description="'', asked, admitted or deferred: the guard's answer on quarantine.")
     admission_reason: str = ""
+    pods_marked: list[str] = Field(default_factory=list, description="Pods the fault's attribution was marked on.")
+    pods_evicted: list[str] = Field(default_factory=list, description="Pods the drain evicted.")
 
 
 class RemediationInput(BaseModel):
