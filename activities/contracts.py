@@ -251,6 +251,7 @@ class RemediationRecord(BaseModel):
         default=None, description="From detection to back in service (or the episode's end); 0: never cordoned.")
     phases: dict[str, float] = Field(default_factory=dict, description="Seconds per phase (workflows/outcome.py).")
     pods: list[InterruptedPod] = Field(default_factory=list, description="Pods the episode interrupted.")
+    finding: Finding | None = Field(default=None, description="The finding that set the first rung (what-if replays it).")
     sku: str | None = None
     profile: str | None = None
 

@@ -17,6 +17,7 @@ with workflow.unsafe.imports_passed_through():
         take_controller_policy,
     )
     from workflows.lease import HOLDER_SIGNAL_GRANTED, HOLDER_SIGNAL_QUARANTINE, LeaseGrant, QuarantineAnswer
+    from workflows.outcome import PATCH_OUTCOME_LEDGER, outcome_fields
     from workflows.remediation_steps import RemediationSteps
     from workflows.remediation_types import (
         SA_ATTRIBUTION,
@@ -29,7 +30,6 @@ with workflow.unsafe.imports_passed_through():
         RemediationStatus,
         Stage,
     )
-    from workflows.outcome import PATCH_OUTCOME_LEDGER, outcome_fields
     from workflows.report_intake import record_rejection, take_report
     from workflows.rungs import RungActions
 

@@ -77,5 +77,14 @@ def outcome_fields(s: RemediationState, generation: str, now: datetime) -> dict:
         "detected_at": detected, "returned_at": back,
         "out_of_service_s": round((end - start).total_seconds(), 3) if quarantined else 0.0,
         "phases": phases(s, start, end), "pods": interrupted_pods(s), "sku": generation,
-        "profile": s.policy_name or None,
+        "profile": s.policy_name or None, "finding": first_finding(s),
     }
+
+
+def first_finding(s: RemediationState):
+    """The acted-on finding with the highest rung: what a what-if replay sends again."""
+    acted = [v for v in (s.triage.verdicts if s.triage else []) if v.rung is not None]
+    if not acted:
+        return None
+    f = max(acted, key=lambda v: v.rung.rank).finding
+    return f.model_copy(update={"message": f.message[:200]})

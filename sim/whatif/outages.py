@@ -1,4 +1,7 @@
-"""The fast job-level model: each drawn fault's outage from the model's durations and the ladder the
+"""The outages the jobs meet (sim/whatif/jobs.py): a policy's run's (`fleet_outages`), or the fast
+job-level model's (`analytic_outages`).
+
+The fast job-level model: each drawn fault's outage from the model's durations and the ladder the
 policy's triage would climb, without running the workflows. It answers in seconds where the full
 what-if (sim/whatif/engine.py) takes minutes (a 2,048-node, 54-day run), at the cost of what the
 workflows add (the guard's waits, admission, probation's escalations): use it for the jobs'
@@ -7,10 +10,12 @@ figures at scale (the Llama 3 calibration), and the full what-if to judge a poli
 
 from __future__ import annotations
 
+from activities import contracts as c
 from policies.classify import classify
 from policies.findings import Finding
 from policies.model import Generation, Policy, Rung
 from sim.whatif.faultmodel import NODE_WIDE, FaultDraw, FaultModel
+from sim.whatif.fleet import WhatIfFleet
 from sim.whatif.jobs import Outage
 
 
@@ -76,3 +81,21 @@ def merge(outages: list[Outage]) -> list[Outage]:
         last[o.slot] = len(out)
         out.append(o)
     return out
+
+
+def fleet_outages(fleet: WhatIfFleet, policy: Policy) -> list[Outage]:
+    """Each slot's times out of service, with the attribution of their cause and, where a ledger
+    record of the node's episode covers one, its phases."""
+    kinds = attribution_of(fleet.model, policy)
+    records: dict[int, list[c.RemediationRecord]] = {}
+    for r in fleet.records:
+        records.setdefault(int(r.node[1:].split("-")[0]), []).append(r)
+    out = []
+    for slot in fleet.slots:
+        spans = list(slot.intervals) + ([(slot.down_since, float("inf"), slot.cause)] if slot.down_since is not None else [])
+        for start, stop, cause in spans:
+            rec = next((r for r in records.get(slot.index, [])
+                        if start - 120 <= (r.started_at - fleet.t0).total_seconds() <= stop), None)
+            out.append(Outage(slot.index, start, stop, cause, kinds.get(cause, ("platform", None))[0],
+                              tuple(sorted(rec.phases.items())) if rec else ()))
+    return merge(out)
