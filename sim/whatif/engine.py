@@ -92,7 +92,7 @@ class PolicyOutcome(BaseModel):
     availability_by_hour: list[float] = Field(default_factory=list)
     events_per_episode: float | None = None
     wall_s: float = 0.0
-    mttr_h: float | None = Field(default=None, description="Mean detection to back in service, from the ledger records.")
+    mttr_h: float | None = Field(default=None, description="Mean time from a fault to its slot back in service, hours.")
     failed_again_7d: int = Field(default=0, description="Repaired nodes with another platform episode within 7 days.")
     failed_again_30d: int = 0
     node_hours_lost_by_phase: dict[str, float] = Field(default_factory=dict)
@@ -156,7 +156,7 @@ def summarize(fleet: WhatIfFleet, label: str, days: float, workload: WorkloadMod
         denylisted_nodes=len(fleet.denylisted_nodes), jobs_interrupted=fleet.jobs_interrupted,
         p95_return_h=None if p95 is None else round(p95, 2),
         availability_by_hour=[round(1 - s / (fleet.nodes_count * 3600.0), 5) for s in lost_h],
-        mttr_h=books["mttr_h"], failed_again_7d=books["failed_again_7d"], failed_again_30d=books["failed_again_30d"],
+        mttr_h=round(sum(returns) / len(returns), 3) if returns else None, failed_again_7d=books["failed_again_7d"], failed_again_30d=books["failed_again_30d"],
         node_hours_lost_by_phase=books["node_hours_lost_by_phase"], jobs=jobs,
     )
 
