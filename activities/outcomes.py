@@ -86,6 +86,8 @@ def outcome_report(records: list[c.RemediationRecord], since: datetime | None, b
         "outcome": r.outcome, "rungs": r.rungs, "started_at": r.started_at.isoformat(),
         "out_of_service_h": None if r.out_of_service_s is None else round(r.out_of_service_s / 3600.0, 4),
         "phases_s": r.phases, "pods": [p.model_dump() for p in r.pods], "sku": r.sku, "profile": r.profile,
+        "hardware_ids": r.hardware_ids,
+        "finding": r.finding.model_dump(mode="json", exclude_none=True) if r.finding else None,
     } for r in records]
     return doc
 

@@ -328,7 +328,8 @@ def cmd_demo(args) -> int:
                 if args.keep:
                     await demo.keep_playing(fleet, address, ns)
 
-            await runner.run_scenario(scenario, policy, opts, on_tick=runner.Progress(), client=client, after=results)
+            await runner.run_scenario(scenario, policy, opts, on_tick=runner.Progress(), client=client, after=results,
+                                      ledger_path=demo.fresh_ledger())
 
     with demo.logs_to_file(log_file):
         print(f"gpuheal demo: servers' logs go to {log_file}", flush=True)

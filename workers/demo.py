@@ -50,6 +50,18 @@ def logs_to_file(path: Path):
         log.close()
 
 
+def fresh_ledger() -> Path:
+    """The demo's controller records into .gpuheal/ledger.db (`gpuheal outcomes` reads it there);
+    a previous demo's ledger is kept beside it, so its hardware ids make no repeat offenders now."""
+    path = STATE / "ledger.db"
+    if path.exists():
+        for suffix in ("", "-wal", "-shm"):
+            old = Path(f"{path}{suffix}")
+            if old.exists():
+                old.replace(STATE / f"ledger.previous.db{suffix}")
+    return path
+
+
 def playground_commands(fleet: SimulatedFleet, address: str, namespace: str) -> list[str]:
     """Ready-to-paste commands against the running fleet."""
     healthy = [h for h in fleet.hosts.values() if not h.injected] or list(fleet.hosts.values())
@@ -61,6 +73,7 @@ def playground_commands(fleet: SimulatedFleet, address: str, namespace: str) -> 
         f"gpuheal status {conn} --cluster {fleet.cluster}",
         f"gpuheal status {node} {conn}",
         f"gpuheal history {node} {conn}",
+        "gpuheal outcomes --since 1d",
         f"gpuheal pause --reason 'try it' {conn} --cluster {fleet.cluster}",
         f"gpuheal resume {conn} --cluster {fleet.cluster}",
     ]

@@ -55,6 +55,7 @@ class JobOutcome(BaseModel):
 class _Gang:
     spec: JobSpec
     members: list[int]
+    index: int
     state: str = "run"  # run, restart (until `until`), wait (for its nodes)
     until: float = 0.0
     stopped_at: float = 0.0
@@ -98,13 +99,13 @@ class JobRun:
                 members = list(range(nxt, nxt + spec.nodes))
                 nxt += spec.nodes
                 self.owner.update({s: len(self.gangs) for s in members})
-                self.gangs.append(_Gang(spec, members))
+                self.gangs.append(_Gang(spec, members, len(self.gangs)))
         self.spares = set(range(nxt, nxt + workload.spare_nodes))
         self.owner.update({s: -1 for s in self.spares})
 
     # --- time passing ---------------------------------------------------------------------------
     def _up(self, g: _Gang) -> int:
-        return g.spec.nodes - sum(1 for m in self.down if self.owner.get(m) == self.gangs.index(g))
+        return g.spec.nodes - sum(1 for m in self.down if self.owner.get(m) == g.index)
 
     def _rate(self, g: _Gang) -> float:
         if g.state != "run":
@@ -249,7 +250,7 @@ class JobRun:
         gang_s = sum(g.spec.nodes * self.end for g in self.gangs)
         node_days = gang_s / 86400.0
         n_int = sum(b.interruptions.values())
-        hours = lambda c: {k: round(v / 3600.0, 1) for k, v in sorted(c.items())}  # noqa: E731
+        hours = lambda c: {k: round(v / 3600.0, 3) for k, v in sorted(c.items())}  # noqa: E731
         return JobOutcome(
             workload=self.w.name, jobs_ended=b.ended, jobs_completed=b.completed,
             jobs_failed_platform=b.failed["platform"], jobs_failed_application=b.failed["application"],
@@ -258,7 +259,7 @@ class JobRun:
             interruptions=n_int, interruptions_by_attribution=dict(sorted(b.interruptions.items())),
             interruptions_by_cause=dict(sorted(b.by_cause.items())),
             interruptions_per_1000_node_days=round(n_int / node_days * 1000, 3) if node_days else 0.0,
-            goodput_lost_node_h=round(sum(b.lost_cause.values()) / 3600.0, 1),
+            goodput_lost_node_h=round(sum(b.lost_cause.values()) / 3600.0, 3),
             goodput_lost_by_cause=hours(b.lost_cause), goodput_lost_by_phase=hours(b.lost_phase))
 
 
