@@ -271,6 +271,12 @@ class GpuPodsResult(BaseModel):
 
 
 # --- ledger -------------------------------------------------------------------------------------
+class InterruptedPod(BaseModel):
+    pod: str = Field(description="namespace/name")
+    attribution: Attribution = Field(description="platform: the node failed it; application: its own fault.")
+    how: str = Field(default="marked", description="marked (the fault's pods) or evicted (by the drain).")
+
+
 class RemediationRecord(BaseModel):
     node: str
     episode: str = Field(description="workflow id / first run id: the record's idempotency key.")
@@ -281,6 +287,16 @@ class RemediationRecord(BaseModel):
     outcome: str
     started_at: datetime
     ended_at: datetime
+    # The outcome ledger (issue 26); absent from records written before it.
+    detected_at: datetime | None = Field(default=None, description="The detector's clock at the first report.")
+    returned_at: datetime | None = Field(default=None, description="Back in service (verified uncordon), if it was.")
+    out_of_service_s: float | None = Field(
+        default=None, description="From detection to back in service (or the episode's end); 0: never cordoned.")
+    phases: dict[str, float] = Field(default_factory=dict, description="Seconds per phase (workflows/outcome.py).")
+    pods: list[InterruptedPod] = Field(default_factory=list, description="Pods the episode interrupted.")
+    finding: Finding | None = Field(default=None, description="The finding that set the first rung (what-if replays it).")
+    sku: str | None = None
+    profile: str | None = None
 
 
 class CountRecentRequest(BaseModel):

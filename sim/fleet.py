@@ -189,6 +189,7 @@ class SimulatedFleet:
     hosts: dict[str, SimHost] = field(default_factory=dict)
     _starting: dict[str, float] = field(default_factory=dict)  # job pod -> when it turns Ready
     _pods_made: int = 0
+    ledger_path: Path | None = None  # the controller's ledger (the demo's is .gpuheal/ledger.db); default: a temp one
 
     def agent_config(self, host: SimHost) -> AgentConfig:
         """The agent's production timings on the scenario's clock, so scenarios see its re-sends and
@@ -223,7 +224,7 @@ class SimulatedFleet:
         workers = []
         if controller:
             cloud = CloudActivities(*(session.client(s, endpoint_url=aws, config=AWS_CLIENT_CONFIG) for s in ("ec2", "autoscaling", "ssm")), core)
-            self.ledger = SqliteLedger(self.tmp / "ledger.db")
+            self.ledger = SqliteLedger(self.ledger_path or self.tmp / "ledger.db")
             ledger, guard = LedgerActivities(self.ledger), GuardActivities(self.temporal)
             workers.append(controller_worker(self.temporal, self.task_queue,
                                              controller_activities(KubeActivities(core), cloud, ledger, guard,

@@ -258,19 +258,34 @@ def cmd_whatif(args) -> int:
     from policies.loader import PolicyError
     from sim.whatif.engine import WhatIfError, run_whatif
     from sim.whatif.faultmodel import FaultModelError, load_fault_model
+    from sim.whatif.ledger_replay import LedgerReplayError, load_ledger_faults
     from sim.whatif.report import ProgressBar, outcome_table, plot
+    from sim.whatif.workload import WorkloadError, load_workload
 
     policies = args.policies or ["default", "replace-only"]
     if args.nodes < 1 or not 0 < args.days <= 366:
         print("gpuheal whatif: --nodes must be at least 1 and --days between 0 and 366", file=sys.stderr)
         return 2
+    if not args.faults and not args.from_ledger:
+        print("gpuheal whatif: name a fault model (large-cluster) or --from-ledger FILE", file=sys.stderr)
+        return 2
     try:
-        model = load_fault_model(args.faults)
+        model = load_fault_model(args.faults) if args.faults else None
+        faults = None
+        if args.from_ledger:
+            model, faults, args.nodes, args.days, notes = load_ledger_faults(
+                args.from_ledger, model.durations if model else None)
+            for note in notes:
+                print(f"gpuheal whatif: {note}", file=sys.stderr)
+        workload = load_workload(args.workload) if args.workload else None
         outcomes = run_whatif(model, policies, args.nodes, args.days, args.seed,
-                              on_progress=ProgressBar(policies), jobs=args.jobs)
-    except (FaultModelError, PolicyError) as err:
+                              on_progress=ProgressBar(policies), jobs=args.jobs, workload=workload, faults=faults)
+    except (FaultModelError, PolicyError, WorkloadError) as err:
         for problem in err.problems:
             print(f"{err.source}: {problem}", file=sys.stderr)
+        return 2
+    except LedgerReplayError as err:
+        print(f"gpuheal whatif: {err}", file=sys.stderr)
         return 2
     except WhatIfError as err:
         return _fail(f"gpuheal whatif: {err}")
@@ -278,12 +293,28 @@ def cmd_whatif(args) -> int:
         plot(outcomes, args.plot)
     if args.json:
         _print_json({"model": model.name, "nodes": args.nodes, "days": args.days, "seed": args.seed,
+                     "workload": args.workload, "from_ledger": args.from_ledger,
                      "policies": [o.model_dump(mode="json") for o in outcomes]})
     else:
         print(f"{model.name}: {args.nodes} nodes, {args.days:g} days, seed {args.seed}")
         print(outcome_table(outcomes))
         if args.plot:
             print(f"plot: {args.plot}")
+    return 0
+
+
+def cmd_outcomes(args) -> int:
+    from workers import outcomes
+
+    try:
+        doc = outcomes.report(args.ledger, args.since, args.by)
+    except outcomes.OutcomesError as err:
+        print(f"gpuheal outcomes: {err}", file=sys.stderr)
+        return 2
+    if args.json:
+        _print_json(doc)
+    else:
+        print(outcomes.table(doc))
     return 0
 
 
@@ -332,7 +363,8 @@ def cmd_demo(args) -> int:
                 if args.keep:
                     await demo.keep_playing(fleet, address, ns)
 
-            await runner.run_scenario(scenario, policy, opts, on_tick=runner.Progress(), client=client, after=results)
+            await runner.run_scenario(scenario, policy, opts, on_tick=runner.Progress(), client=client, after=results,
+                                      ledger_path=demo.fresh_ledger())
 
     with demo.logs_to_file(log_file):
         print(f"gpuheal demo: servers' logs go to {log_file}", flush=True)

@@ -111,7 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     whatif = sub.add_parser("whatif", help="run policies against a modelled month of faults in virtual time, "
                                            "print availability and what each did")
-    whatif.add_argument("faults", help="fault model YAML, or a shipped one by name (large-cluster)")
+    whatif.add_argument("faults", nargs="?", default=None,
+                        help="fault model YAML, or a shipped one by name (large-cluster, llama3); with --from-ledger "
+                             "only its durations are used")
     whatif.add_argument("--nodes", type=int, default=1000, help="fleet size")
     whatif.add_argument("--days", type=float, default=30.0, help="virtual days to run")
     whatif.add_argument("--policy", action="append", dest="policies", metavar="POLICY",
@@ -121,7 +123,20 @@ def build_parser() -> argparse.ArgumentParser:
     whatif.add_argument("--json", action="store_true")
     whatif.add_argument("--plot", metavar="OUT.png", help="draw availability over time and node-hours lost by cause")
     whatif.add_argument("--jobs", type=int, default=None, help="policies run at once, one process each (default: cores)")
+    whatif.add_argument("--workload", metavar="WORKLOAD",
+                        help="jobs on the fleet (YAML, or shipped: llama3-pretrain, training, training-checkpointed): "
+                             "job success, ETTR, goodput lost per policy")
+    whatif.add_argument("--from-ledger", metavar="FILE",
+                        help="replay the faults of a `gpuheal outcomes --json` export instead of drawing them")
     whatif.set_defaults(func=cli.cmd_whatif)
+
+    outcomes = sub.add_parser("outcomes", help="what the ledger's episodes cost: node-hours lost by cause and phase, "
+                                               "MTTR, repeat failures, interrupted pods")
+    outcomes.add_argument("--ledger", default=".gpuheal/ledger.db", help="SQLite path or dynamodb://TABLE")
+    outcomes.add_argument("--since", default="30d", help="a duration back from now (30d, 12h) or all")
+    outcomes.add_argument("--by", choices=["profile", "sku", "fault"], default=None)
+    outcomes.add_argument("--json", action="store_true")
+    outcomes.set_defaults(func=cli.cmd_outcomes)
 
     demo = sub.add_parser("demo", help="the whole system on this machine with the built-in scenario")
     demo.add_argument("--keep", action="store_true", help="leave everything running until Ctrl-C")

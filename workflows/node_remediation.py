@@ -17,6 +17,7 @@ with workflow.unsafe.imports_passed_through():
         take_controller_policy,
     )
     from workflows.lease import HOLDER_SIGNAL_GRANTED, HOLDER_SIGNAL_QUARANTINE, LeaseGrant, QuarantineAnswer
+    from workflows.outcome import PATCH_OUTCOME_LEDGER, outcome_fields
     from workflows.remediation_steps import RemediationSteps
     from workflows.remediation_types import (
         PATCH_AGENT_MISSING_TOP,
@@ -370,7 +371,9 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
                 node=self.node, episode=self._episode(), hardware_ids=self.s.hardware_ids,
                 fault_class=self.s.triage.fault_class, attribution=self.s.triage.attribution,
                 rungs=[r.value for r in self.s.rungs_tried], outcome=self.s.outcome.value,
-                started_at=self.s.started_at, ended_at=workflow.now()), None,
+                started_at=self.s.started_at, ended_at=workflow.now(),
+                **(outcome_fields(self.s, self.inp.generation.value, workflow.now())
+                   if workflow.patched(PATCH_OUTCOME_LEDGER) else {})), None,
                 f"record {self.node}'s episode in the ledger")
 
     async def _continue_as_new_if_due(self) -> None:

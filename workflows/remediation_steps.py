@@ -86,10 +86,12 @@ class RemediationSteps(GuardClient):
 
     async def _attribute_pods(self, t: Triage) -> None:
         pod_gpus = await self._pod_gpus() if t.gpus and self._no_harm() else None
-        await self._kube(c.KUBE_ATTRIBUTE_PODS, c.AttributePodsRequest(
+        marked = await self._kube(c.KUBE_ATTRIBUTE_PODS, c.AttributePodsRequest(
             node=self.node, attribution=t.attribution, fault=self._fault_label(), gpus=t.gpus, pod_gpus=pod_gpus,
             episode=self._episode(), dry_run=self.policy.dry_run),
             c.AttributePodsResult, f"mark pods on {self.node}: failure attribution {t.attribution}")
+        if marked is not None:  # the outcome ledger's interrupted pods (workflows/outcome.py)
+            self.s.pods_marked = sorted({*self.s.pods_marked, *marked.pods})[:200]
 
     async def _pod_gpus(self) -> dict[str, list[int]] | None:
         """Which pod runs on which GPU, from the node (None when the agent cannot say quickly)."""
@@ -139,6 +141,8 @@ class RemediationSteps(GuardClient):
             start_to_close=d.checkpoint_grace + d.deadline + timedelta(minutes=5), heartbeat=d.heartbeat_timeout,
         )
         self.s.drained = result is not None
+        if result is not None:
+            self.s.pods_evicted = sorted({*self.s.pods_evicted, *result.evicted, *result.forced})[:200]
         if not self._no_harm():
             return
         if result is None:

@@ -142,6 +142,8 @@ class RemediationState(BaseModel):
     admission: str = Field(default="", description="'', asked, admitted or deferred: the guard's answer on quarantine.")
     admission_reason: str = ""
     suspect_tested: bool = Field(default=False, description="A suspect node's load test before the ladder has run.")
+    pods_marked: list[str] = Field(default_factory=list, description="Pods the fault's attribution was marked on.")
+    pods_evicted: list[str] = Field(default_factory=list, description="Pods the drain evicted.")
 
 
 class RemediationInput(BaseModel):
