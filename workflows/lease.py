@@ -21,6 +21,7 @@ GUARD_SIGNAL_REQUEST = "request"
 GUARD_SIGNAL_RELEASE = "release"
 HOLDER_SIGNAL_GRANTED = "lease_granted"
 HOLDER_SIGNAL_QUARANTINE = "quarantine_answer"
+RESEND_BACKOFF_CAP = 8  # a waiting episode re-sends its request at most every 8 x holder_check_interval
 
 
 class LeaseRequest(BaseModel):
@@ -138,15 +139,19 @@ class GuardClient(Episode):
             await self._signal_guard(GUARD_SIGNAL_REQUEST, self._lease_request(), started=self.s.guard_notified)
             self.s.lease_requested = True
         self._set_details("waiting for a disruption lease from the fleet guard")
+        every = self.policy.guard.holder_check_interval
         while self._guard_admission():
             # The request is sent again now and then: a guard started afresh learns its waiters back.
+            # Each wait doubles, up to RESEND_BACKOFF_CAP times the first, so a long pause adds a
+            # few events an hour to each waiter's history instead of one re-send per interval.
             try:
-                await workflow.wait_condition(lambda: self.s.lease_held or self._steered(),
-                                              timeout=self.policy.guard.holder_check_interval,
+                await workflow.wait_condition(lambda: self.s.lease_held or self._steered(), timeout=every,
                                               timeout_summary=f"{self.node}'s lease request, re-sent")
                 break
             except TimeoutError:
                 await self._signal_guard(GUARD_SIGNAL_REQUEST, self._lease_request(), started=True)
+                if self._lease_backoff:
+                    every = min(every * 2, self.policy.guard.holder_check_interval * RESEND_BACKOFF_CAP)
         await workflow.wait_condition(lambda: self.s.lease_held or self._steered())
         if self.s.lease_held:
             self._record("lease", f"disruption lease for {self.node}", True)

@@ -54,6 +54,9 @@ ISSUE22_PATCHES = (PATCH_DRY_RUN_DENYLIST, PATCH_AGENT_MISSING_TOP, PATCH_AGENT_
 # workflow.patched id: a profile's observe mode (record the triage, never cordon); admission records
 # the node's baseline and keeps an observed node untainted.
 PATCH_NODE_PROFILES = "node-profiles"
+# A waiting episode re-sends its lease request on a doubling interval (capped), not every
+# holder_check_interval: a long pause no longer grows each waiter's history without bound.
+PATCH_LEASE_BACKOFF = "lease-request-backoff"
 MAX_ACTIONS_KEPT = 200
 MAX_SEQ_SENDERS_KEPT = 32
 MAX_RUN_IDS_KEPT = 50
