@@ -86,6 +86,8 @@ class FakeFleet:
     events: list[c.EventRequest] = field(default_factory=list)
     holder_check_delay: float = 0.0  # how long guard.live_holders takes (a slow server)
     agents: dict[str, Worker] = field(default_factory=dict)  # node -> the worker serving node/<name>
+    check_drain_lease: bool = False  # each drain asks the guard whether the node holds a lease
+    drained_without_lease: list[str] = field(default_factory=list)
     episodes_unlisted: bool = False  # guard.running_episodes fails (visibility down)
 
     def add(self, node: FakeNode) -> FakeNode:
@@ -146,6 +148,10 @@ class FakeFleet:
     @activity.defn(name=c.KUBE_DRAIN)
     async def drain(self, req: c.DrainRequest) -> c.DrainResult:
         n = self._node(req)
+        if self.check_drain_lease:
+            guard = await self.client.get_workflow_handle(guard_workflow_id(self.cluster)).query(FleetGuard.status)
+            if not any(h.node == n.name for h in guard.holders):
+                self.drained_without_lease.append(n.name)
         self.disruptive_now.add(n.name)
         self.max_disruptive = max(self.max_disruptive, len(self.disruptive_now))
         if n.hold is not None:
