@@ -155,6 +155,8 @@ class EventRequest(_Request):
 class RebootRequest(_Request):
     idempotency_key: str = Field(description="One reboot per key, however often the activity is retried.")
     ownership_tag: str = "gpuheal.io/managed=true"
+    boot_wait_s: float = Field(default=0.0, description="How long a machine may take to boot (the reboot rung's "
+                               "return_timeout): a reboot that may have gone out is not sent again sooner.")
 
 
 class RebootResult(BaseModel):
@@ -173,6 +175,8 @@ class ReplaceRequest(_Request):
 class ReplaceResult(BaseModel):
     instance_id: str
     action: Literal["asg", "ec2", "karpenter", "already_terminated", "dry_run"]
+    lifecycle_state: str | None = Field(default=None, description="The Auto Scaling lifecycle state after the "
+                                        "terminate (Terminating:Wait while a lifecycle hook holds the instance).")
 
 
 # --- node-local ---------------------------------------------------------------------------------

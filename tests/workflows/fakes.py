@@ -48,6 +48,7 @@ class FakeNode:
     # After a reboot that returns: "agent" reports from the new boot and serves; "once" reports once
     # from it, then is gone; "watcher": only a condition watcher reports the kubelet's new boot id.
     after_reboot: str = "agent"
+    lifecycle_hook: bool = False  # replace: a termination hook holds the instance (Terminating:Wait)
     exists: bool = True  # False: the API server has no such node
     fail: set[str] = field(default_factory=set)  # activity names that fail for good (NoEffect) on this node
     pod_gpus: dict[str, list[int]] = field(default_factory=dict)  # what node.gpu_pods answers
@@ -208,6 +209,8 @@ class FakeFleet:
     async def replace(self, req: c.ReplaceRequest) -> c.ReplaceResult:
         n = self._node(req)
         self._leave_disruption(n.name)
+        if n.lifecycle_hook:
+            return c.ReplaceResult(instance_id=f"i-{n.name}", action="asg", lifecycle_state="Terminating:Wait")
         return c.ReplaceResult(instance_id=f"i-{n.name}", action="ec2")
 
     # --- node-local ----------------------------------------------------------------------------

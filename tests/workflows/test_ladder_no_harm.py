@@ -173,3 +173,21 @@ async def test_late_lease_grant_is_not_taken(ts_env, uniq):
         result = await handle.result()
     assert result.rungs == ["reset", "reboot"]
     assert fleet.drained_without_lease == [], "every drain under a lease the guard knows of"
+
+
+async def test_failed_replacement_denylists_nothing(ts_env, uniq):
+    """The terminate did not take: the node stays quarantined for a person, and its hardware is not
+    refused anywhere meanwhile (defect 13: the denylist was written first)."""
+    fleet = make_fleet(ts_env, uniq)
+    n = fleet.add(FakeNode(f"norepl-{uniq}", [xid(54)], cured_by="none", fail={"cloud.replace"}))
+    result, _ = await run_with_status(fleet, n)
+    assert result.outcome == "quarantined" and "replacement failed" in result.reason
+    assert fleet.denylist == {}
+
+
+async def test_replacement_under_a_lifecycle_hook_is_replaced(ts_env, uniq):
+    fleet = make_fleet(ts_env, uniq)
+    n = fleet.add(FakeNode(f"hook-{uniq}", [xid(54)], cured_by="none", lifecycle_hook=True))
+    result, status = await run_with_status(fleet, n)
+    assert result.outcome == "replaced" and set(fleet.denylist) == {f"GPU-{n.name}-2", f"SN-{n.name}-1"}
+    assert any("Terminating:Wait" in a.detail for a in status.actions if a.step == "replace")
