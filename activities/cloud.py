@@ -12,6 +12,7 @@ from botocore.exceptions import ClientError
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from activities import contracts as c
 from activities.errors import INVALID_REQUEST, NO_EFFECT, NODE_GONE, NOT_OWNED, PERMISSION_DENIED, fail
@@ -171,6 +172,32 @@ class CloudActivities:
     # --- replace -------------------------------------------------------------------------------
     @activity.defn(name=c.CLOUD_REPLACE)
     async def replace(self, req: c.ReplaceRequest) -> c.ReplaceResult:
+        """Terminate (ASG: keeping capacity, so a new instance takes its place) or delete the Node
+        (Karpenter); the Node is marked replaced so its old host's last reports start nothing."""
+        done = await self._terminate(req)
+        if done.action in ("dry_run", "karpenter"):
+            return done
+        return done.model_copy(update={"marked": await self._mark_replaced(req.node, req.idempotency_key)})
+
+    async def _mark_replaced(self, node: str, by: str) -> bool:
+        """Annotates the Node replaced, with the kubelet's boot id of the host going away: reports from
+        that host start nothing (kube.check_node). Verified on the answer; a Node already gone is fine."""
+        try:
+            n = await self._read_node(node)
+        except ApplicationError:
+            return False  # NodeGone: no Node, no reports to tell apart
+        ann = {c.REPLACED_ANNOTATION: by[:253], c.REPLACED_BOOT_ANNOTATION: self._kubelet_boot_id(n) or ""}
+        try:
+            after = await call_api(self.core.patch_node, node, {"metadata": {"annotations": ann}})
+        except ApiException as err:
+            if err.status == 404:
+                return False
+            raise
+        if any((after.metadata.annotations or {}).get(k) != v for k, v in ann.items()):
+            raise fail(NO_EFFECT, f"node {node}: replaced annotation did not stick")
+        return True
+
+    async def _terminate(self, req: c.ReplaceRequest) -> c.ReplaceResult:
         iid = await self._instance_id(req.node)
         inst = await self._describe(iid)
         if inst is None or inst["State"]["Name"] in _GONE_STATES:

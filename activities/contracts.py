@@ -172,11 +172,18 @@ class ReplaceRequest(_Request):
     ownership_tag: str = "gpuheal.io/managed=true"
 
 
+# Set on the Node once its instance's replacement is under way: the old host may run (and its agent
+# report) for a while after the terminate, and those reports must start nothing (issue 22, 14).
+REPLACED_ANNOTATION = "gpuheal.io/replaced-by"
+REPLACED_BOOT_ANNOTATION = "gpuheal.io/replaced-boot"  # the kubelet's boot id of the host replaced
+
+
 class ReplaceResult(BaseModel):
     instance_id: str
     action: Literal["asg", "ec2", "karpenter", "already_terminated", "dry_run"]
     lifecycle_state: str | None = Field(default=None, description="The Auto Scaling lifecycle state after the "
                                         "terminate (Terminating:Wait while a lifecycle hook holds the instance).")
+    marked: bool = Field(default=False, description="The Node carries REPLACED_ANNOTATION (verified).")
 
 
 # --- node-local ---------------------------------------------------------------------------------

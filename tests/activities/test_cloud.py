@@ -17,6 +17,7 @@ from activities.cloud import (
     CloudActivities,
     instance_id_from_provider_id,
 )
+from activities.kube import KubeActivities
 from sim.fake_kube import FakeKubeServer
 
 OWNED = [{"Key": "gpuheal.io/managed", "Value": "true"}]
@@ -149,6 +150,25 @@ async def test_replace_plain_instance_and_idempotent(cloud):
     r = await run(acts.replace, c.ReplaceRequest(node="n3", idempotency_key="k"))
     assert r.action == "ec2" and state(ec2, iid) in ("shutting-down", "terminated")
     assert (await run(acts.replace, c.ReplaceRequest(node="n3", idempotency_key="k"))).action == "already_terminated"
+
+
+async def test_replaced_node_is_marked_and_its_old_host_is_not_ours(cloud):
+    """The terminated host runs (and reports) on a while: the Node says which host was replaced, and
+    the node check refuses reports from it; a new host under the same name is ours (issue 22, 14)."""
+    acts, instance, _, _, kube = cloud
+    instance("n10")
+    kube.set_boot_id("n10", "boot-old")
+    r = await run(acts.replace, c.ReplaceRequest(node="n10", idempotency_key="remediate/n10/run/replace/1"))
+    assert r.marked
+    ann = kube.get("Node", "", "n10")["metadata"]["annotations"]
+    assert ann[c.REPLACED_ANNOTATION] == "remediate/n10/run/replace/1" and ann[c.REPLACED_BOOT_ANNOTATION] == "boot-old"
+    check = KubeActivities(acts.core)
+    old = await run(check.check_node, c.NodeCheckRequest(node="n10"))
+    assert old.exists and not old.ours and "was replaced" in old.reason
+    again = await run(acts.replace, c.ReplaceRequest(node="n10", idempotency_key="remediate/n10/run/replace/1"))
+    assert again.action == "already_terminated" and again.marked
+    kube.set_boot_id("n10", "boot-new")  # another machine registered under the name
+    assert (await run(check.check_node, c.NodeCheckRequest(node="n10"))).ours
 
 
 async def test_replace_in_asg_keeps_capacity(cloud):

@@ -49,6 +49,7 @@ class FakeNode:
     # from it, then is gone; "watcher": only a condition watcher reports the kubelet's new boot id.
     after_reboot: str = "agent"
     lifecycle_hook: bool = False  # replace: a termination hook holds the instance (Terminating:Wait)
+    replaced_boot: int | None = None  # the boot whose host was replaced (the Node's replaced annotation)
     exists: bool = True  # False: the API server has no such node
     fail: set[str] = field(default_factory=set)  # activity names that fail for good (NoEffect) on this node
     pod_gpus: dict[str, list[int]] = field(default_factory=dict)  # what node.gpu_pods answers
@@ -171,6 +172,9 @@ class FakeFleet:
         if n is None or not n.exists:
             return c.NodeCheckResult(exists=False, ours=False, reason=f"node {req.node} does not exist")
         self._node(req)
+        if n.replaced_boot == n.boot:  # as kube.check_node reads the replaced annotation
+            return c.NodeCheckResult(exists=True, ours=False, reason=f"node {n.name} was replaced: reports from its "
+                                     "old host start nothing")
         return c.NodeCheckResult(exists=True, ours=True)
 
     @activity.defn(name=c.KUBE_FLEET_SIZE)
@@ -209,6 +213,7 @@ class FakeFleet:
     async def replace(self, req: c.ReplaceRequest) -> c.ReplaceResult:
         n = self._node(req)
         self._leave_disruption(n.name)
+        n.replaced_boot = n.boot  # as cloud.replace marks the Node
         if n.lifecycle_hook:
             return c.ReplaceResult(instance_id=f"i-{n.name}", action="asg", lifecycle_state="Terminating:Wait")
         return c.ReplaceResult(instance_id=f"i-{n.name}", action="ec2")

@@ -191,3 +191,18 @@ async def test_replacement_under_a_lifecycle_hook_is_replaced(ts_env, uniq):
     result, status = await run_with_status(fleet, n)
     assert result.outcome == "replaced" and set(fleet.denylist) == {f"GPU-{n.name}-2", f"SN-{n.name}-1"}
     assert any("Terminating:Wait" in a.detail for a in status.actions if a.step == "replace")
+
+
+async def test_replaced_node_is_not_replaced_again(ts_env, uniq):
+    """The terminated host's agent reports once more after the episode ended replaced: that report
+    starts nothing destructive, and the ledger and denylist hold one replacement (defect 14)."""
+    fleet = make_fleet(ts_env, uniq)
+    n = fleet.add(FakeNode(f"twice-{uniq}", [xid(54)], cured_by="none"))
+    async with fleet.workers():
+        first = await (await fleet.report(n.name)).result()
+        assert first.outcome == "replaced"
+        calls = len(n.calls)
+        second = await (await fleet.report(n.name)).result()  # the old host, 0.2 s after the terminate
+    assert second.outcome == "rejected" and "was replaced" in second.reason
+    assert not {"kube.quarantine", "kube.drain", "cloud.reboot", "cloud.replace", "node.reset_gpu"} & set(n.calls[calls:])
+    assert len(fleet.records) == 1 and len(fleet.denylist) == 2
