@@ -74,7 +74,7 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
 
     @workflow.signal(name=HOLDER_SIGNAL_GRANTED)
     def lease_granted(self, grant: LeaseGrant) -> None:
-        self.s.lease_held = True
+        self._take_grant(grant)
 
     @workflow.signal(name=HOLDER_SIGNAL_QUARANTINE)
     def quarantine_answer(self, answer: QuarantineAnswer) -> None:

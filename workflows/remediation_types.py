@@ -123,6 +123,8 @@ class RemediationState(BaseModel):
     drained: bool = False
     lease_requested: bool = False
     lease_held: bool = False
+    lease_requests: int = Field(default=0, description="Lease requests made: each new one gets the next id.")
+    lease_request_id: str = Field(default="", description="The outstanding request's id (its grant must echo it).")
     guard_notified: bool = False
     validations: int = 0
     detect_to_cordon_ms: int | None = None
