@@ -7,6 +7,7 @@ import re
 import time
 from datetime import timedelta
 
+from botocore.config import Config
 from botocore.exceptions import ClientError
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -14,7 +15,7 @@ from temporalio import activity
 
 from activities import contracts as c
 from activities.errors import INVALID_REQUEST, NO_EFFECT, NODE_GONE, NOT_OWNED, PERMISSION_DENIED, fail
-from activities.kube import call_api
+from activities.kube import CLUSTER_CALL_THREADS, call_api
 
 _PROVIDER_ID = re.compile(r"^aws:///(?P<zone>[^/]+)/(?P<id>i-[0-9a-f]+)$")
 REBOOT_KEY_TAG = "gpuheal.io/reboot-key"
@@ -22,6 +23,9 @@ REBOOT_STATE_TAG = "gpuheal.io/reboot-state"
 REBOOT_FROM_TAG = "gpuheal.io/reboot-from-boot"  # the kubelet's boot id when the reboot was asked for
 _DENIED = {"UnauthorizedOperation", "AccessDenied", "AccessDeniedException", "AuthFailure"}
 _GONE_STATES = {"shutting-down", "terminated"}
+# One pooled connection per activity thread: botocore's default pool of 10 discards connections
+# (with a urllib3 warning each) when more calls than that run at once.
+AWS_CLIENT_CONFIG = Config(max_pool_connections=CLUSTER_CALL_THREADS)
 
 
 def instance_id_from_provider_id(provider_id: str | None) -> str:

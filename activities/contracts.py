@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from policies.baseline import NodeInventory
 from policies.findings import Finding
 from policies.load import GpuLoadResult, LoadReport, LoadTestPolicy, SkuReference
 from policies.model import Attribution, GuardPolicy, Policy
@@ -184,16 +185,31 @@ class GpuProcess(BaseModel):
     gpu_index: int
     pod: str | None = Field(default=None, description="namespace/name from the process's cgroup, when in a pod.")
     used_memory_bytes: int | None = None
+    gpu_instance_id: int | None = Field(default=None, description="MIG GPU instance (None: MIG off).")
+    compute_instance_id: int | None = None
+    start_ticks: int | None = Field(default=None, description="/proc/<pid>/stat starttime: a reused pid differs.")
+
+
+class MigTarget(BaseModel):
+    """An implicated MIG instance: only its processes are stopped on a GPU in MIG mode."""
+
+    gpu_index: int
+    gpu_instance_id: int
+    compute_instance_id: int | None = Field(default=None, description="None: every compute instance of the GPU instance.")
 
 
 class KillRequest(_Request):
-    gpus: list[int] = Field(default_factory=list, description="Empty: every GPU.")
+    gpus: list[int] = Field(default_factory=list, description="The implicated GPUs. Empty: none (see all_gpus).")
+    all_gpus: bool = Field(default=False, description="Every GPU's processes (a drained node before a whole-node reset).")
+    mig: list[MigTarget] = Field(default_factory=list,
+                                 description="On a GPU in MIG mode only these instances' processes; none named: nothing there.")
     grace_s: float = 10.0
 
 
 class KillResult(BaseModel):
     killed: list[GpuProcess] = Field(default_factory=list)
     dry_run: bool = False
+    spared: list[str] = Field(default_factory=list, description="What was left alone, and why (MIG, a reused pid).")
 
 
 class ResetRequest(_Request):
@@ -255,6 +271,12 @@ class GpuPodsResult(BaseModel):
 
 
 # --- ledger -------------------------------------------------------------------------------------
+class InterruptedPod(BaseModel):
+    pod: str = Field(description="namespace/name")
+    attribution: Attribution = Field(description="platform: the node failed it; application: its own fault.")
+    how: str = Field(default="marked", description="marked (the fault's pods) or evicted (by the drain).")
+
+
 class RemediationRecord(BaseModel):
     node: str
     episode: str = Field(description="workflow id / first run id: the record's idempotency key.")
@@ -265,6 +287,16 @@ class RemediationRecord(BaseModel):
     outcome: str
     started_at: datetime
     ended_at: datetime
+    # The outcome ledger (issue 26); absent from records written before it.
+    detected_at: datetime | None = Field(default=None, description="The detector's clock at the first report.")
+    returned_at: datetime | None = Field(default=None, description="Back in service (verified uncordon), if it was.")
+    out_of_service_s: float | None = Field(
+        default=None, description="From detection to back in service (or the episode's end); 0: never cordoned.")
+    phases: dict[str, float] = Field(default_factory=dict, description="Seconds per phase (workflows/outcome.py).")
+    pods: list[InterruptedPod] = Field(default_factory=list, description="Pods the episode interrupted.")
+    finding: Finding | None = Field(default=None, description="The finding that set the first rung (what-if replays it).")
+    sku: str | None = None
+    profile: str | None = None
 
 
 class CountRecentRequest(BaseModel):
@@ -341,3 +373,39 @@ class PolicySnapshot(BaseModel):
     sha256: str = Field(description="Hash of the policy's canonical JSON: two controllers with one file agree.")
     source: str = Field(default="", description="Where the controller loaded it from (a path, or 'default').")
     policy: Policy
+    profile: str | None = Field(default=None, description="The node's profile, when one applies (its overrides are in `policy`).")
+    profile_reason: str = Field(default="", description="Why the node gets that profile (or none).")
+
+
+# --- node profiles and baselines (activities/node_profile.py) -------------------------------------
+PROFILE_EXPECTATIONS = "profile.expectations"
+PROFILE_RECORD_BASELINE = "profile.record_baseline"
+NODE_INVENTORY = "node.inventory"
+PROFILE_WORKFLOW = "NodeProfile"
+
+
+def profile_workflow_id(node: str) -> str:
+    return f"profile/{node}"
+
+
+class ExpectationsRequest(BaseModel):
+    node: str
+    observed: NodeInventory | None = Field(
+        default=None, description="What the agent's first healthy cycle saw: recorded as the node's baseline "
+                                  "(learned, not validated) when it has none yet.")
+    boot_id: str = ""
+
+
+class RecordBaselineRequest(_Request):
+    inventory: NodeInventory
+    validated: bool = True
+    boot_id: str = ""
+
+
+class InventoryRequest(_Request):
+    pass
+
+
+class InventoryResult(BaseModel):
+    inventory: NodeInventory | None = Field(default=None, description="None: a probe could not read what is there.")
+    findings: list[Finding] = Field(default_factory=list, description="Faults seen while taking it: nothing is recorded then.")

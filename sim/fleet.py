@@ -23,7 +23,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.worker import Worker
 
 from activities import contracts as c
-from activities.cloud import REBOOT_KEY_TAG, REBOOT_STATE_TAG, CloudActivities
+from activities.cloud import AWS_CLIENT_CONFIG, REBOOT_KEY_TAG, REBOOT_STATE_TAG, CloudActivities
 from activities.contracts import node_task_queue, remediation_workflow_id
 from activities.guard import GuardActivities
 from activities.kube import KubeActivities
@@ -189,6 +189,7 @@ class SimulatedFleet:
     hosts: dict[str, SimHost] = field(default_factory=dict)
     _starting: dict[str, float] = field(default_factory=dict)  # job pod -> when it turns Ready
     _pods_made: int = 0
+    ledger_path: Path | None = None  # the controller's ledger (the demo's is .gpuheal/ledger.db); default: a temp one
 
     def agent_config(self, host: SimHost) -> AgentConfig:
         """The agent's production timings on the scenario's clock, so scenarios see its re-sends and
@@ -209,7 +210,7 @@ class SimulatedFleet:
         elsewhere (a fault-injecting proxy in front of moto). The hosts always see moto itself."""
         self.tmp = Path(tempfile.mkdtemp(prefix="gpuheal-sim-"))
         session = boto3.Session(aws_access_key_id="sim", aws_secret_access_key="sim", region_name="us-east-1")
-        self.ec2 = session.client("ec2", endpoint_url=moto_url)
+        self.ec2 = session.client("ec2", endpoint_url=moto_url, config=AWS_CLIENT_CONFIG)
         server = FakeKubeServer().start()
         self.kube = server.kube
         self.kubeconfig = server.write_kubeconfig(self.tmp / "kubeconfig")
@@ -222,8 +223,8 @@ class SimulatedFleet:
         self._build(core)
         workers = []
         if controller:
-            cloud = CloudActivities(*(session.client(s, endpoint_url=aws) for s in ("ec2", "autoscaling", "ssm")), core)
-            self.ledger = SqliteLedger(self.tmp / "ledger.db")
+            cloud = CloudActivities(*(session.client(s, endpoint_url=aws, config=AWS_CLIENT_CONFIG) for s in ("ec2", "autoscaling", "ssm")), core)
+            self.ledger = SqliteLedger(self.ledger_path or self.tmp / "ledger.db")
             ledger, guard = LedgerActivities(self.ledger), GuardActivities(self.temporal)
             workers.append(controller_worker(self.temporal, self.task_queue,
                                              controller_activities(KubeActivities(core), cloud, ledger, guard,

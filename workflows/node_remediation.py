@@ -17,8 +17,14 @@ with workflow.unsafe.imports_passed_through():
         take_controller_policy,
     )
     from workflows.lease import HOLDER_SIGNAL_GRANTED, HOLDER_SIGNAL_QUARANTINE, LeaseGrant, QuarantineAnswer
+    from workflows.outcome import PATCH_OUTCOME_LEDGER, outcome_fields
     from workflows.remediation_steps import RemediationSteps
     from workflows.remediation_types import (
+        PATCH_AGENT_MISSING_TOP,
+        PATCH_APP_AGENT_MISSING,
+        PATCH_APPROVE_RUNG,
+        PATCH_KILL_IMPLICATED,
+        PATCH_NODE_PROFILES,
         SA_ATTRIBUTION,
         SA_FAULT,
         SA_UUIDS,
@@ -49,6 +55,8 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
         # Only a run this workflow continued carries state: a first run's input comes from whoever
         # sent the first report, and is never trusted with the episode's state.
         self.s = (inp.state if workflow.info().continued_run_id else None) or RemediationState()
+        self._decide_issue22()
+        self._profiles = False  # PATCH_NODE_PROFILES, decided with the other patches
 
     # --- handlers: agents signal, operators update, everyone queries --------------------------
     @workflow.signal
@@ -59,6 +67,8 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
         if why is not None:
             record_rejection(self.s, why, raw, workflow.now())
             workflow.logger.warning("rejected report for %s: %s", self.node, why)
+        elif self.s.latest is not None and self.s.latest.source == "agent":
+            self.s.agent_boot_id = self.s.latest.boot_id  # only the agent's own boot ends a reboot's wait
 
     @workflow.signal(name=HOLDER_SIGNAL_GRANTED)
     def lease_granted(self, grant: LeaseGrant) -> None:
@@ -96,15 +106,23 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
             raise ValueError("not paused")
 
     @workflow.update
-    def approve(self, by: str = "") -> RemediationStatus:
+    def approve(self, rung: str = "", by: str = "") -> RemediationStatus:
+        if not self._fixed(PATCH_APPROVE_RUNG):
+            by = by or rung  # callers before approve-names-rung sent only who asked
         self.s.approved.append(self.s.awaiting_approval)
         self._asked("approve", by, self.s.awaiting_approval.value)
         return self.status()
 
     @approve.validator
-    def _validate_approve(self, by: str = "") -> None:
+    def _validate_approve(self, rung: str = "", by: str = "") -> None:
         if self.s.awaiting_approval is None:
             raise ValueError("nothing awaits approval")
+        waiting = self.s.awaiting_approval.value
+        if self._fixed(PATCH_APPROVE_RUNG) and rung != waiting:
+            # The operator approves what they saw: a rung the episode moved past or to since is not approved.
+            said = f"you approved {rung!r}" if rung else "no rung named"
+            raise ValueError(f"{said}, but {self.node} awaits approval to {waiting}: nothing approved "
+                             f"(gpuheal approve {self.node} {waiting})")
 
     @workflow.update
     def skip_to(self, rung: str, by: str = "") -> RemediationStatus:
@@ -191,6 +209,7 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
         # Every patch is decided before the first local activity of a run: on replay, a patch
         # marker after a local activity's marker in one workflow task is a nondeterminism error.
         self._bounded(), self._no_harm(), self._local_cluster_calls(), self._guard_admission()
+        self._profiles = workflow.patched(PATCH_NODE_PROFILES)
         workflow.patched(PATCH_LOAD_VALIDATION), workflow.patched(PATCH_SUSPECT_LOAD_TEST)  # read where used
         if workflow.info().continued_run_id and self.s.policy_sha256:
             return
@@ -219,6 +238,9 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
         self._upsert(*found)
         self._record("triage", f"triage {self.node}", True,
                      f"{t.fault_class} ({t.attribution}, {t.severity}): start at {t.start_rung.value}; {t.reason}")
+        if self._profiles and self.policy.observe:
+            return self._finish(Outcome.OBSERVED, f"observe mode ({self.policy.name}): would start at "
+                                                  f"{t.start_rung.value} ({t.fault_class}); nothing done")
         self.s.next_rung = t.start_rung
         if t.attribution == "platform":
             # Cordon first: it is safe, needs no budget, and every second counts for the jobs.
@@ -233,6 +255,11 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
     async def _climb_one_rung(self) -> None:
         rung = self.s.skip_to or self.s.next_rung
         self.s.skip_to = None
+        if rung is Rung.KILL and not self._gpus() and self._fixed(PATCH_KILL_IMPLICATED):
+            # "Every GPU" would kill other tenants' jobs for one that cannot be located.
+            return await self._leave_for_a_person(
+                f"kill: {self._fault_label()} names no GPU of {self.node} (its bus id maps to none): nothing "
+                "killed, other tenants' jobs untouched; cordoned for a person")
         if rung.disruptive:
             await self._quarantine()
             if self._quarantine_withheld() or not self._cordon_holds():
@@ -273,9 +300,30 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
             self.s.fixed_by = rung
             return self._set_stage(Stage.RETURN if self.s.quarantined else Stage.PROBATION)
         self.s.next_rung = rung.above()
+        if self.s.agent_missing and (why := self._agent_missing_stops(rung)):
+            return await self._leave_for_a_person(why)
         if self.s.agent_missing and rung is not Rung.REBOOT:
             # Without its agent nothing node-local can run: reboot through the cloud API and wait for it.
             self.s.next_rung = Rung.REBOOT
+
+    def _agent_missing_stops(self, rung: Rung) -> str:
+        """Why a missing agent ends the ladder after `rung` ('' where a reboot may still bring it back):
+        an agent that is gone says nothing about the hardware, so it is never evidence to climb on."""
+        gone = f"agent_missing: no agent on {self.node} ran the work after {rung.value}"
+        if rung is Rung.KILL and self._fixed(PATCH_APP_AGENT_MISSING):
+            return (f"{gone}; an application fault is no reason to reboot the machine: "
+                    "it stays cordoned for a person")
+        if rung.rank >= Rung.REBOOT.rank and self._fixed(PATCH_AGENT_MISSING_TOP):
+            return (f"{gone}, though it rebooted; no evidence about the hardware, so nothing is replaced "
+                    "or denylisted: it stays quarantined for a person")
+        return ""
+
+    async def _leave_for_a_person(self, reason: str) -> None:
+        """The ladder has no evidence to go on: cordoned (safe, no budget) and left for a person, with why."""
+        await self._quarantine()
+        if self._quarantine_withheld() or not self._cordon_holds():
+            return
+        self._finish(Outcome.QUARANTINED, reason)
 
     async def _return_to_service(self) -> None:
         done = await self._kube(c.KUBE_RETURN_TO_SERVICE,
@@ -323,7 +371,9 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
                 node=self.node, episode=self._episode(), hardware_ids=self.s.hardware_ids,
                 fault_class=self.s.triage.fault_class, attribution=self.s.triage.attribution,
                 rungs=[r.value for r in self.s.rungs_tried], outcome=self.s.outcome.value,
-                started_at=self.s.started_at, ended_at=workflow.now()), None,
+                started_at=self.s.started_at, ended_at=workflow.now(),
+                **(outcome_fields(self.s, self.inp.generation.value, workflow.now())
+                   if workflow.patched(PATCH_OUTCOME_LEDGER) else {})), None,
                 f"record {self.node}'s episode in the ledger")
 
     async def _continue_as_new_if_due(self) -> None:

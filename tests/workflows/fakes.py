@@ -45,6 +45,9 @@ class FakeNode:
     hold: asyncio.Event | None = None  # drain waits on it when set (tests steer timing)
     pdb_stuck: bool = False  # the drain times out with the job's pod still there (escalate)
     agent: bool = True  # False: nobody polls node/<name> and no report comes from a new boot
+    # After a reboot that returns: "agent" reports from the new boot and serves; "once" reports once
+    # from it, then is gone; "watcher": only a condition watcher reports the kubelet's new boot id.
+    after_reboot: str = "agent"
     exists: bool = True  # False: the API server has no such node
     fail: set[str] = field(default_factory=set)  # activity names that fail for good (NoEffect) on this node
     pod_gpus: dict[str, list[int]] = field(default_factory=dict)  # what node.gpu_pods answers
@@ -82,6 +85,7 @@ class FakeFleet:
     fleet_size: int | None = None  # what kube.fleet_size answers; None: the nodes added
     events: list[c.EventRequest] = field(default_factory=list)
     holder_check_delay: float = 0.0  # how long guard.live_holders takes (a slow server)
+    agents: dict[str, Worker] = field(default_factory=dict)  # node -> the worker serving node/<name>
     episodes_unlisted: bool = False  # guard.running_episodes fails (visibility down)
 
     def add(self, node: FakeNode) -> FakeNode:
@@ -180,7 +184,13 @@ class FakeFleet:
         if n.reboot_returns:
             n.boot += 1
             n.seq = 0
-            if n.agent:
+            if n.after_reboot != "agent":
+                await self.stop_agent(n.name)
+            if n.after_reboot == "watcher":
+                await send_report(self.client, HealthReport(
+                    node=n.name, boot_id=f"kubelet-{n.boot}", seq=1, source="watcher", detected_at=datetime.now(UTC)),
+                    node=n.name, cluster=self.cluster, task_queue=self.task_queue)
+            elif n.agent or n.after_reboot == "once":
                 await self.report(n.name)  # the agent's first report from the new boot
         return c.RebootResult(instance_id=f"i-{n.name}", rebooted=True, from_boot=from_boot)
 
@@ -274,9 +284,12 @@ class FakeFleet:
     @contextlib.asynccontextmanager
     async def workers(self):
         """The controller's worker plus one per node queue (what each node's agent would serve)."""
-        queues = [self.task_queue, *(c.node_task_queue(n.name) for n in self.nodes.values() if n.agent)]
-        ws = [Worker(self.client, task_queue=q, workflows=[NodeRemediation, FleetGuard, NodeAdmission] if q == self.task_queue else [],
-                     activities=self.activities()) for q in queues]
+        ws = [Worker(self.client, task_queue=self.task_queue, workflows=[NodeRemediation, FleetGuard, NodeAdmission],
+                     activities=self.activities())]
+        for n in self.nodes.values():
+            if n.agent:
+                self.agents[n.name] = Worker(self.client, task_queue=c.node_task_queue(n.name), activities=self.activities())
+                ws.append(self.agents[n.name])
         async with contextlib.AsyncExitStack() as stack:
             for w in ws:
                 await stack.enter_async_context(w)
@@ -284,6 +297,12 @@ class FakeFleet:
                 yield
             finally:
                 await self.stop_guard()
+
+    async def stop_agent(self, name: str) -> None:
+        """The node's agent dies: nobody polls node/<name> any more (shutting down twice is harmless)."""
+        self.nodes[name].agent = False
+        if (w := self.agents.pop(name, None)) is not None:
+            await w.shutdown()
 
     async def stop_guard(self) -> None:
         """The guard runs forever; left behind without its worker it would stall the time-skipping
@@ -296,6 +315,10 @@ class FakeFleet:
                     break
                 await asyncio.sleep(0.05)
             await handle.terminate("test over")
+
+
+# Activities that change a node: under a dry run each must carry dry_run (the denylist is checked apart).
+DESTRUCTIVE = {c.KUBE_DRAIN, c.NODE_KILL, c.NODE_RESET, c.CLOUD_REBOOT, c.CLOUD_REPLACE}
 
 
 def xid(code: int, gpu: int = 2) -> Finding:

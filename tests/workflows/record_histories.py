@@ -61,7 +61,8 @@ async def record(env: WorkflowEnvironment, name: str, write: bool = True) -> dic
         if approve:
             while (await handle.query(NodeRemediation.status)).awaiting_approval is None:
                 await asyncio.sleep(0.05)
-            await handle.execute_update(NodeRemediation.approve)
+            status = await handle.query(NodeRemediation.status)
+            await handle.execute_update(NodeRemediation.approve, status.awaiting_approval.value)
         result = await handle.result()
         history = await handle.fetch_history()
     if write:
