@@ -485,7 +485,8 @@ def cmd_report(args) -> int:
     from workers import operator as op
 
     if args.xid is not None and args.gpu is None:
-        return _fail("gpuheal report: --xid needs --gpu")
+        print("gpuheal report: --xid needs --gpu", file=sys.stderr)
+        return 2  # a usage error, as argparse's own
 
     async def work(c):
         if args.suspect is not None:

@@ -68,6 +68,20 @@ def build_parser() -> argparse.ArgumentParser:
     nvml.add_argument("--json", action="store_true")
     nvml.add_argument("--npd", action="store_true", help="node-problem-detector custom plugin protocol")
     nvml.set_defaults(func=cli.cmd_probe_nvml)
+    from workers import cli_load
+
+    val = sub.add_parser("validate", help="load-test this host's GPUs (exit 0 passed, 1 failed, 2 could not run)")
+    val.add_argument("--tier", default="quick", choices=["quick", "repair", "admission"])
+    val.add_argument("--gpus", default=None, metavar="0,3", help="GPU indices (default: all)")
+    val.add_argument("--policy", default=None, help="policy file with the tiers (default: the built-in policy)")
+    val.add_argument("--dcgmi", default="dcgmi", help="dcgmi binary for tiers that run DCGM diag")
+    val.add_argument("--json", action="store_true")
+    val.set_defaults(func=cli_load.cmd_validate)
+    base = sub.add_parser("baseline", help="each GPU SKU's fleet figures from the ledger, and the outliers")
+    base.add_argument("--ledger", default=".gpuheal/ledger.db", help="SQLite path or dynamodb://TABLE")
+    base.add_argument("--policy", default=None, help="policy file (degraded fraction, floors)")
+    base.add_argument("--json", action="store_true")
+    base.set_defaults(func=cli_load.cmd_baseline)
 
     ctl = sub.add_parser("controller", help="run the controller (workflows and cluster-side activities)")
     add_temporal_args(ctl)

@@ -40,7 +40,7 @@ def bitwise_mismatches(xp, got, want) -> tuple[int, int | None]:
     view = {1: xp.uint8, 2: xp.uint16, 4: xp.uint32, 8: xp.uint64}[got.dtype.itemsize]
     diff = got.reshape(-1).view(view) != want.reshape(-1).view(view)
     count = int(xp.count_nonzero(diff))
-    return count, (int(xp.argmax(diff)) if count else None)
+    return count, (int(xp.argmax(diff.astype(xp.uint8))) if count else None)
 
 
 def pattern(xp, start: int, count: int, seed: int, invert: bool):
@@ -67,7 +67,7 @@ def pattern_mismatches(xp, buf, start: int, seed: int, invert: bool) -> tuple[in
     """Compare a chunk read back from memory with the pattern; (count, absolute first index)."""
     diff = buf != pattern(xp, start, buf.size, seed, invert)
     count = int(xp.count_nonzero(diff))
-    return count, (start + int(xp.argmax(diff)) if count else None)
+    return count, (start + int(xp.argmax(diff.astype(xp.uint8))) if count else None)
 
 
 def abft_tolerance(xp, dtype: str, n: int, ulps: float) -> float:
