@@ -177,7 +177,7 @@ class FleetGuard(GuardBooks):
             await self._answer()
             await self._grant()
             metrics.guard_state(inp.cluster, len(self.s.holders), self._budget(), len(self.s.waiters),
-                                self.s.breaker_open)
+                                self.s.breaker_open, **metrics.fleet_figures(self.s, workflow.now()))
             if workflow.info().is_continue_as_new_suggested():
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(GuardInput(cluster=inp.cluster, policy=self.policy, state=self.s))

@@ -44,8 +44,9 @@ JOB_ROWS = [
 def outcome_table(outcomes: list[PolicyOutcome], markdown: bool = False) -> str:
     head = ["", *(o.policy for o in outcomes)]
     rows = [[name, *(f(o) for o in outcomes)] for name, f in ROWS]
-    if all(o.jobs is not None for o in outcomes):
-        rows += [[name, *(f(o.jobs) for o in outcomes)] for name, f in JOB_ROWS]
+    for i in range(min((len(o.jobs) for o in outcomes), default=0)):
+        tag = f" ({outcomes[0].jobs[i].workload})" if len(outcomes[0].jobs) > 1 else ""
+        rows += [[name + tag, *(f(o.jobs[i]) for o in outcomes)] for name, f in JOB_ROWS]
     if markdown:
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         return "\n".join([*lines, *("| " + " | ".join(r) + " |" for r in rows)])
@@ -83,7 +84,7 @@ def plot(outcomes: list[PolicyOutcome], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    jobs = all(o.jobs is not None for o in outcomes)
+    jobs = all(o.jobs for o in outcomes)
     fig, axes = plt.subplots(1, 3 if jobs else 2, figsize=(19 if jobs else 13, 4.5))
     ax1, ax2 = axes[0], axes[1]
     for o in outcomes:
@@ -102,7 +103,8 @@ def plot(outcomes: list[PolicyOutcome], path: str) -> None:
     ax2.set(title="Node-hours lost, by cause", ylabel="node-hours")
     ax2.legend(fontsize="small")
     if jobs:
-        job_panel(axes[2], [(o.policy, o.jobs) for o in outcomes])
+        multi = len(outcomes[0].jobs) > 1
+        job_panel(axes[2], [(f"{o.policy}\n{j.workload}" if multi else o.policy, j) for o in outcomes for j in o.jobs])
     fig.suptitle(f"gpuheal whatif: {outcomes[0].nodes} nodes, {outcomes[0].days:g} days")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
