@@ -276,8 +276,12 @@ def cmd_whatif(args) -> int:
             for note in notes:
                 print(f"gpuheal whatif: {note}", file=sys.stderr)
         workloads = [load_workload(w) for w in args.workloads or []]
-        outcomes = run_whatif(model, policies, args.nodes, args.days, args.seed,
-                              on_progress=ProgressBar(policies), jobs=args.jobs, workloads=workloads, faults=faults)
+        bars = ProgressBar(policies)
+        try:
+            outcomes = run_whatif(model, policies, args.nodes, args.days, args.seed,
+                                  on_progress=bars, jobs=args.jobs, workloads=workloads, faults=faults)
+        finally:
+            bars.close()
     except (FaultModelError, PolicyError, WorkloadError) as err:
         for problem in err.problems:
             print(f"{err.source}: {problem}", file=sys.stderr)
