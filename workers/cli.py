@@ -474,8 +474,9 @@ def cmd_guard_update(args) -> int:
         except ValueError as err:
             return _fail(f"gpuheal resume: --for {args.for_!r}: {err}")
         return _operator(args, lambda c: op.lift_gates(c, args.cluster, args.leases, span))
-    extra = [args.reason] if args.command == "pause" else []
-    return _operator(args, lambda c: op.guard_update(c, args.cluster, args.command, *extra))
+    if args.command == "pause":
+        return _operator(args, lambda c: op.guard_update(c, args.cluster, "pause", args.reason, c.identity))
+    return _operator(args, lambda c: op.guard_update(c, args.cluster, args.command))
 
 
 def cmd_guard(args) -> int:

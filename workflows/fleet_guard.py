@@ -102,8 +102,11 @@ class FleetGuard(GuardBooks):
         self._wake = True
 
     @workflow.update
-    def pause(self, reason: str = "") -> GuardStatus:
-        self.s.paused, self.s.pause_reason = True, reason or "paused by operator"
+    def pause(self, reason: str = "", by: str = "") -> GuardStatus:
+        """`by`: who paused (the CLI sends its identity); kept with the reason, which every waiter's
+        status and `gpuheal guard` show."""
+        reason = reason or "paused by operator"
+        self.s.paused, self.s.pause_reason = True, f"{reason} (by {by})" if by else reason
         return self.status()
 
     @workflow.update
