@@ -264,11 +264,15 @@ class RemediationRecord(BaseModel):
     outcome: str
     started_at: datetime
     ended_at: datetime
+    boards: list[str] = Field(default_factory=list, description="Ids of the hardware a probe implicated (a GPU's "
+                              "UUID and serial, or the instance): repeat offenders are counted per board by these.")
 
 
 class CountRecentRequest(BaseModel):
     hardware_ids: list[str]
     window_s: float
+    by_board: bool = Field(default=False, description="Count episodes that implicated these ids (their `boards`), "
+                           "not every episode of a node that listed them.")
     exclude_episode: str | None = None
 
 

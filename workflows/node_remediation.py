@@ -23,6 +23,7 @@ with workflow.unsafe.imports_passed_through():
         PATCH_APP_AGENT_MISSING,
         PATCH_APPROVE_RUNG,
         PATCH_KILL_IMPLICATED,
+        PATCH_REPEAT_PER_BOARD,
         SA_ATTRIBUTION,
         SA_FAULT,
         SA_UUIDS,
@@ -358,7 +359,8 @@ class NodeRemediation(RungActions, RemediationSteps):
                 node=self.node, episode=self._episode(), hardware_ids=self.s.hardware_ids,
                 fault_class=self.s.triage.fault_class, attribution=self.s.triage.attribution,
                 rungs=[r.value for r in self.s.rungs_tried], outcome=self.s.outcome.value,
-                started_at=self.s.started_at, ended_at=workflow.now()), None,
+                started_at=self.s.started_at, ended_at=workflow.now(),
+                boards=self.s.implicated if self._fixed(PATCH_REPEAT_PER_BOARD) else []), None,
                 f"record {self.node}'s episode in the ledger")
 
     async def _continue_as_new_if_due(self) -> None:
