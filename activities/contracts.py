@@ -7,7 +7,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from policies.baseline import NodeInventory
 from policies.findings import Finding
+from policies.load import GpuLoadResult, LoadReport, LoadTestPolicy, SkuReference
 from policies.model import Attribution, GuardPolicy, Policy
 
 # Names are stable strings: histories record them, so renaming one breaks replay.
@@ -30,6 +32,8 @@ LEDGER_RECORD = "ledger.record"
 LEDGER_COUNT_RECENT = "ledger.count_recent"
 LEDGER_DENYLIST = "ledger.denylist"
 LEDGER_CHECK_DENIED = "ledger.check_denied"
+LEDGER_LOAD_FIGURES = "ledger.load_figures"
+LEDGER_BASELINE = "ledger.baseline"
 GUARD_SIGNAL = "guard.signal"
 GUARD_LIVE_HOLDERS = "guard.live_holders"
 GUARD_RUNNING_EPISODES = "guard.running_episodes"
@@ -232,12 +236,36 @@ class ValidateRequest(_Request):
     dcgm_level: int = 2
     dcgm_required: bool = False
     expected_gpus: int | None = None
+    tier: str | None = Field(default=None, description="Load-test tier (quick, repair, admission); None: status "
+                                                       "probes only (a node still in service, or an old history).")
+    load: LoadTestPolicy | None = None
+    references: dict[str, SkuReference] = Field(default_factory=dict, description="Per-SKU fleet medians to judge against.")
+    gpus: list[int] = Field(default_factory=list, description="GPUs to load-test; empty: all.")
 
 
 class ValidationResult(BaseModel):
     passed: bool
     findings: list[Finding] = Field(default_factory=list)
     checks: list[str] = Field(default_factory=list, description="What ran: nvml, kmsg, nics, dcgm-r2 ...")
+    load: LoadReport | None = Field(default=None, description="The load test's figures, per GPU.")
+
+
+class LoadFiguresRecord(BaseModel):
+    """One validation's figures for the ledger, per node and GPU serial."""
+
+    node: str
+    episode: str
+    tier: str
+    at: datetime
+    gpus: list[GpuLoadResult]
+
+
+class BaselineRequest(BaseModel):
+    skus: list[str] = Field(default_factory=list, description="Empty: every SKU measured.")
+
+
+class BaselineResult(BaseModel):
+    references: dict[str, SkuReference] = Field(default_factory=dict)
 
 
 class BootIdRequest(_Request):
@@ -254,6 +282,12 @@ class GpuPodsResult(BaseModel):
 
 
 # --- ledger -------------------------------------------------------------------------------------
+class InterruptedPod(BaseModel):
+    pod: str = Field(description="namespace/name")
+    attribution: Attribution = Field(description="platform: the node failed it; application: its own fault.")
+    how: str = Field(default="marked", description="marked (the fault's pods) or evicted (by the drain).")
+
+
 class RemediationRecord(BaseModel):
     node: str
     episode: str = Field(description="workflow id / first run id: the record's idempotency key.")
@@ -266,6 +300,16 @@ class RemediationRecord(BaseModel):
     ended_at: datetime
     boards: list[str] = Field(default_factory=list, description="Ids of the hardware a probe implicated (a GPU's "
                               "UUID and serial, or the instance): repeat offenders are counted per board by these.")
+    # The outcome ledger (issue 26); absent from records written before it.
+    detected_at: datetime | None = Field(default=None, description="The detector's clock at the first report.")
+    returned_at: datetime | None = Field(default=None, description="Back in service (verified uncordon), if it was.")
+    out_of_service_s: float | None = Field(
+        default=None, description="From detection to back in service (or the episode's end); 0: never cordoned.")
+    phases: dict[str, float] = Field(default_factory=dict, description="Seconds per phase (workflows/outcome.py).")
+    pods: list[InterruptedPod] = Field(default_factory=list, description="Pods the episode interrupted.")
+    finding: Finding | None = Field(default=None, description="The finding that set the first rung (what-if replays it).")
+    sku: str | None = None
+    profile: str | None = None
 
 
 class CountRecentRequest(BaseModel):
@@ -344,3 +388,39 @@ class PolicySnapshot(BaseModel):
     sha256: str = Field(description="Hash of the policy's canonical JSON: two controllers with one file agree.")
     source: str = Field(default="", description="Where the controller loaded it from (a path, or 'default').")
     policy: Policy
+    profile: str | None = Field(default=None, description="The node's profile, when one applies (its overrides are in `policy`).")
+    profile_reason: str = Field(default="", description="Why the node gets that profile (or none).")
+
+
+# --- node profiles and baselines (activities/node_profile.py) -------------------------------------
+PROFILE_EXPECTATIONS = "profile.expectations"
+PROFILE_RECORD_BASELINE = "profile.record_baseline"
+NODE_INVENTORY = "node.inventory"
+PROFILE_WORKFLOW = "NodeProfile"
+
+
+def profile_workflow_id(node: str) -> str:
+    return f"profile/{node}"
+
+
+class ExpectationsRequest(BaseModel):
+    node: str
+    observed: NodeInventory | None = Field(
+        default=None, description="What the agent's first healthy cycle saw: recorded as the node's baseline "
+                                  "(learned, not validated) when it has none yet.")
+    boot_id: str = ""
+
+
+class RecordBaselineRequest(_Request):
+    inventory: NodeInventory
+    validated: bool = True
+    boot_id: str = ""
+
+
+class InventoryRequest(_Request):
+    pass
+
+
+class InventoryResult(BaseModel):
+    inventory: NodeInventory | None = Field(default=None, description="None: a probe could not read what is there.")
+    findings: list[Finding] = Field(default_factory=list, description="Faults seen while taking it: nothing is recorded then.")

@@ -17,10 +17,12 @@ from typing import Protocol
 from temporalio import activity
 
 from activities import contracts as c
+from activities.outcomes import REPEAT_WINDOWS_D, count_outcome
 
 
 class Ledger(Protocol):
     def record(self, rec: c.RemediationRecord) -> bool: ...
+    def records(self, since: datetime | None = None) -> list[c.RemediationRecord]: ...
     def count_recent(self, hardware_ids: list[str], since: datetime, exclude_episode: str | None,
                      by_board: bool = False) -> int: ...
     def deny(self, hardware_ids: list[str], node: str, reason: str) -> list[str]: ...
@@ -55,6 +57,7 @@ class SqliteLedger:
                     PRIMARY KEY (episode, hardware_id));
                 CREATE INDEX IF NOT EXISTS remediation_board_id ON remediation_board (hardware_id, ended_at);
                 CREATE TABLE IF NOT EXISTS denylist (hardware_id TEXT PRIMARY KEY, node TEXT, reason TEXT, at TEXT);
+                CREATE TABLE IF NOT EXISTS remediation_body (episode TEXT PRIMARY KEY, body TEXT);
             """)
 
     def record(self, rec: c.RemediationRecord) -> bool:
@@ -67,7 +70,28 @@ class SqliteLedger:
                                 [(rec.episode, h, rec.ended_at.isoformat()) for h in rec.hardware_ids])
             self.db.executemany("INSERT OR IGNORE INTO remediation_board VALUES (?,?,?)",
                                 [(rec.episode, h, rec.ended_at.isoformat()) for h in rec.boards])
+            # The whole record (phases, pods: the outcome ledger); the columns above stay for old readers.
+            self.db.execute("INSERT OR IGNORE INTO remediation_body VALUES (?,?)", (rec.episode, rec.model_dump_json()))
             return cur.rowcount == 1
+
+    def records(self, since: datetime | None = None) -> list[c.RemediationRecord]:
+        """Every record that ended at or after `since`, oldest first (rows from before the outcome
+        ledger have no body: rebuilt from their columns)."""
+        with self.lock:
+            rows = self.db.execute(
+                "SELECT r.episode, r.node, r.fault_class, r.attribution, r.rungs, r.outcome, r.started_at, r.ended_at, "
+                "b.body FROM remediation r LEFT JOIN remediation_body b ON b.episode = r.episode "
+                "WHERE r.ended_at >= ? ORDER BY r.ended_at", ((since or datetime.min.replace(tzinfo=UTC)).isoformat(),)
+            ).fetchall()
+            hw = dict(self.db.execute("SELECT episode, json_group_array(hardware_id) FROM remediation_hw "
+                                      "GROUP BY episode").fetchall())
+        out = []
+        for episode, node, fault, attribution, rungs, outcome, started, ended, body in rows:
+            out.append(c.RemediationRecord.model_validate_json(body) if body else c.RemediationRecord(
+                node=node, episode=episode, hardware_ids=json.loads(hw.get(episode, "[]")), fault_class=fault,
+                attribution=attribution, rungs=json.loads(rungs), outcome=outcome,
+                started_at=datetime.fromisoformat(started), ended_at=datetime.fromisoformat(ended)))
+        return out
 
     def count_recent(self, hardware_ids: list[str], since: datetime, exclude_episode: str | None,
                      by_board: bool = False) -> int:
@@ -134,6 +158,16 @@ class DynamoLedger:
                                "episode": {"S": rec.episode}, "counts": {"BOOL": counts}})
         return first
 
+    def records(self, since: datetime | None = None) -> list[c.RemediationRecord]:
+        """Every record that ended at or after `since`, oldest first: a scan (an operator's report,
+        not a hot path)."""
+        out = []
+        for page in self.ddb.get_paginator("scan").paginate(
+                TableName=self.table, FilterExpression="begins_with(pk, :ep) AND sk = :record",
+                ExpressionAttributeValues={":ep": {"S": "EP#"}, ":record": {"S": "record"}}):
+            out += [c.RemediationRecord.model_validate_json(i["body"]["S"]) for i in page["Items"]]
+        return sorted((r for r in out if since is None or r.ended_at >= since), key=lambda r: r.ended_at)
+
     def count_recent(self, hardware_ids: list[str], since: datetime, exclude_episode: str | None,
                      by_board: bool = False) -> int:
         episodes, prefix = set(), "BOARD" if by_board else "HW"
@@ -168,7 +202,14 @@ class LedgerActivities:
 
     @activity.defn(name=c.LEDGER_RECORD)
     async def record(self, rec: c.RemediationRecord) -> None:
-        await asyncio.to_thread(self.ledger.record, rec)
+        first = await asyncio.to_thread(self.ledger.record, rec)
+        if first:  # a retried or racing write counts once
+            repeats = {}
+            if counts_as_remediation(rec.attribution, rec.rungs, rec.outcome):
+                for days in REPEAT_WINDOWS_D:
+                    repeats[days] = await asyncio.to_thread(
+                        self.ledger.count_recent, rec.hardware_ids, rec.started_at - timedelta(days=days), rec.episode)
+            count_outcome(activity.metric_meter(), rec, repeats)
 
     @activity.defn(name=c.LEDGER_COUNT_RECENT)
     async def count_recent(self, req: c.CountRecentRequest) -> int:

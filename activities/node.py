@@ -15,29 +15,33 @@ from temporalio import activity
 
 from activities import contracts as c
 from activities.errors import DEPENDENCY_MISSING, MIG_ACTIVE, NO_EFFECT, PROCESSES_REMAIN, fail
-from health.nvml import mig_id, probe_nvml
+from health.load.battery import Opener, run_battery
+from health.load.cupy_device import cupy_opener
+from health.nvml import mig_id, nvml_session, probe_nvml
 from health.runner import ProbeConfig, run_cycle
 from policies.findings import Finding
+from policies.load import LoadReport, LoadTestPolicy
 
 _POD_UID = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
 
 
 class NodeActivities:
     def __init__(self, config: ProbeConfig, nv=pynvml, proc: Path = Path("/proc"), nvidia_smi: str = "nvidia-smi",
-                 dcgmi: str = "dcgmi"):
+                 dcgmi: str = "dcgmi", open_devices: Opener | None = None):
         self.config, self.nv, self.proc = config, nv, proc
         self.nvidia_smi, self.dcgmi = nvidia_smi, dcgmi
+        # Real GPUs through CuPy unless told otherwise (the simulated hosts pass their own).
+        self.open_devices = open_devices or cupy_opener(nv)
 
     def activities(self) -> list:
         """What the node's worker registers on node/<name>."""
-        return [self.kill_gpu_processes, self.reset_gpu, self.validate, self.gpu_pods]
+        return [self.kill_gpu_processes, self.reset_gpu, self.validate, self.gpu_pods, self.inventory]
 
     # --- processes -----------------------------------------------------------------------------
     def gpu_processes(self, gpus: list[int]) -> list[c.GpuProcess]:
-        """The live processes on these GPUs (empty: every GPU), with their MIG instance and start time."""
-        nv = self.nv
-        nv.nvmlInit()
-        try:
+        """The live processes on these GPUs (empty: every GPU), with their MIG instance and start time.
+        Blocking NVML calls: activities run it with asyncio.to_thread, never on the event loop."""
+        with nvml_session(self.nv).use() as nv:
             wanted = gpus or list(range(nv.nvmlDeviceGetCount()))
             out = []
             for i in wanted:
@@ -49,8 +53,6 @@ class NodeActivities:
                                                 compute_instance_id=mig_id(getattr(p, "computeInstanceId", None)),
                                                 start_ticks=self._start_ticks(p.pid)))
             return out
-        finally:
-            nv.nvmlShutdown()
 
     def _targets(self, req: c.KillRequest) -> tuple[list[c.GpuProcess], list[str]]:
         """The processes a kill may signal, and what it spares: only implicated GPUs (none named:
@@ -83,11 +85,8 @@ class NodeActivities:
 
     def _readable_gpu_processes(self) -> list[c.GpuProcess]:
         """Processes of every GPU that still answers: a lost GPU (the fault itself) lists none."""
-        self.nv.nvmlInit()
-        try:
-            count = self.nv.nvmlDeviceGetCount()
-        finally:
-            self.nv.nvmlShutdown()
+        with nvml_session(self.nv).use() as nv:
+            count = nv.nvmlDeviceGetCount()
         out = []
         for i in range(count):
             try:
@@ -114,7 +113,7 @@ class NodeActivities:
 
     @activity.defn(name=c.NODE_KILL)
     async def kill_gpu_processes(self, req: c.KillRequest) -> c.KillResult:
-        procs, spared = self._targets(req)
+        procs, spared = await asyncio.to_thread(self._targets, req)
         if req.dry_run or not procs:
             return c.KillResult(killed=procs if req.dry_run else [], dry_run=req.dry_run, spared=spared)
         for p in procs:
@@ -174,9 +173,9 @@ class NodeActivities:
         smi = shutil.which(self.nvidia_smi)
         if smi is None:
             raise fail(DEPENDENCY_MISSING, f"{self.nvidia_smi} not found: cannot reset GPUs {req.gpus or 'all'}")
-        if left := self.gpu_processes(req.gpus):
+        if left := await asyncio.to_thread(self.gpu_processes, req.gpus):
             raise fail(PROCESSES_REMAIN, f"processes still on the GPU: {[p.pid for p in left]}")
-        before = probe_nvml(self.nv)
+        before = await asyncio.to_thread(probe_nvml, self.nv)
         gpus = req.gpus or [g.index for g in before.gpus]
         if mig := sorted(set(gpus) & set(before.mig_enabled)):
             raise fail(MIG_ACTIVE, f"MIG enabled on GPUs {mig}: destroy the instances before a reset")
@@ -189,11 +188,18 @@ class NodeActivities:
             if proc.returncode != 0:
                 # Retryable: a monitor may have grabbed the GPU between our check and the reset.
                 raise RuntimeError(f"nvidia-smi -r -i {i} exited {proc.returncode}: {out.decode()[-300:]}")
-        after = probe_nvml(self.nv)
+        after = await asyncio.to_thread(probe_nvml, self.nv)
         still = [f for f in after.findings if f.gpu_index in gpus or f.gpu_index is None]
         if still:
             raise fail(NO_EFFECT, "GPU reset reported success but faults remain: " + ", ".join(f.label() for f in still))
         return c.ResetResult(reset=gpus)
+
+    # --- inventory -----------------------------------------------------------------------------
+    @activity.defn(name=c.NODE_INVENTORY)
+    async def inventory(self, req: c.InventoryRequest) -> c.InventoryResult:
+        """What the node has now (GPUs, RDMA ports and rates, PCIe links): its baseline at admission."""
+        snap = await asyncio.to_thread(run_cycle, self.config, self.nv)
+        return c.InventoryResult(inventory=snap.inventory, findings=snap.findings)
 
     # --- validation ----------------------------------------------------------------------------
     @activity.defn(name=c.NODE_VALIDATE)
@@ -203,6 +209,19 @@ class NodeActivities:
             config = ProbeConfig(**{**config.__dict__, "expected_gpus": req.expected_gpus})
         snap = await asyncio.to_thread(run_cycle, config, self.nv)
         findings, checks = list(snap.findings), list(snap.checks)
+        if req.tier is not None:
+            load = None
+            if findings:
+                checks.append(f"load-{req.tier}: not run, the status probes already failed")
+            elif req.dry_run:
+                checks.append(f"load-{req.tier}: dry run, not run")
+            else:
+                load = await self._load_test(req)
+                findings += load.findings
+                checks += [f"load-{req.tier}", *load.tests]
+            if req.dcgm_required and shutil.which(self.dcgmi) is None:
+                findings.append(Finding(kind="probe_broken", message="dcgmi required by policy but not installed"))
+            return c.ValidationResult(passed=not findings, findings=findings, checks=checks, load=load)
         dcgmi = shutil.which(self.dcgmi)
         if dcgmi is not None:
             checks.append(f"dcgm-r{req.dcgm_level}")
@@ -215,3 +234,13 @@ class NodeActivities:
         elif req.dcgm_required:
             findings.append(Finding(kind="probe_broken", message="dcgmi required by policy but not installed"))
         return c.ValidationResult(passed=not findings, findings=findings, checks=checks)
+
+    async def _load_test(self, req: c.ValidateRequest) -> LoadReport:
+        """The battery in a thread, heartbeating meanwhile (a validation runs up to ~20 minutes)."""
+        job = asyncio.ensure_future(asyncio.to_thread(
+            run_battery, self.open_devices, self.nv, req.load or LoadTestPolicy(), req.tier, req.gpus or None,
+            req.references, {"dcgmi": self.dcgmi}))
+        while not job.done():
+            activity.heartbeat(f"load test {req.tier} running")
+            await asyncio.wait([job], timeout=5)
+        return job.result()

@@ -23,6 +23,13 @@ class FindingKind(StrEnum):
     PROBE_BROKEN = "probe_broken"
     RECOVERY_ACTION = "recovery_action"
     NODE_CONDITION = "node_condition"
+    # Found only under load (health/load/): a status query never shows them.
+    SILENT_DATA_CORRUPTION = "silent_data_corruption"
+    MEMORY_PATTERN = "memory_pattern"
+    DEGRADED = "degraded"
+    CLOCK_SLOWDOWN = "clock_slowdown"
+    LOAD_TEST_FAILED = "load_test_failed"
+    SUSPECT = "suspect"
 
 
 class RecoveryAction(StrEnum):

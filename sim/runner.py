@@ -120,19 +120,19 @@ async def wait_visible(client: Client, nodes: list[str], timeout_s: float = 10.0
 
 
 async def run_scenario(scenario: Scenario, policy: Policy, opts: TemporalOptions | str | None = None,
-                       on_tick=None, client: Client | None = None, after=None) -> dict:
+                       on_tick=None, client: Client | None = None, after=None, ledger_path=None) -> dict:
     """Play a scenario on `client`, or on the server `opts` names (the embedded one if none).
     `after(doc, fleet)` runs with the fleet still up (the demo's --keep)."""
     async with contextlib.AsyncExitStack() as stack:
         if client is None:
             client = await stack.enter_async_context(temporal(opts))
-        return await _play(scenario, policy, client, on_tick, after)
+        return await _play(scenario, policy, client, on_tick, after, ledger_path)
 
 
-async def _play(scenario: Scenario, policy: Policy, client: Client, on_tick, after=None) -> dict:
+async def _play(scenario: Scenario, policy: Policy, client: Client, on_tick, after=None, ledger_path=None) -> dict:
     with moto_server() as moto_url:
         fleet = SimulatedFleet(scenario, policy, client, task_queue=f"gpuheal-sim-{uuid.uuid4().hex[:6]}",
-                               cluster=f"sim-{uuid.uuid4().hex[:6]}")
+                               cluster=f"sim-{uuid.uuid4().hex[:6]}", ledger_path=ledger_path)
         since = datetime.now(UTC) - timedelta(seconds=1)
         deadline_s = scenario.deadline_s()
         async with fleet.running(moto_url):

@@ -114,6 +114,18 @@ async def dev_server_watched():
         DEV_SERVER_PID.unlink(missing_ok=True)
 
 
+def fresh_ledger() -> Path:
+    """The demo's controller records into .gpuheal/ledger.db (`gpuheal outcomes` reads it there);
+    a previous demo's ledger is kept beside it, so its hardware ids make no repeat offenders now."""
+    path = STATE / "ledger.db"
+    if path.exists():
+        for suffix in ("", "-wal", "-shm"):
+            old = Path(f"{path}{suffix}")
+            if old.exists():
+                old.replace(STATE / f"ledger.previous.db{suffix}")
+    return path
+
+
 def playground_commands(fleet: SimulatedFleet, address: str, namespace: str) -> list[str]:
     """Ready-to-paste commands against the running fleet: absolute paths, so they work from any
     shell without activating the venv."""
@@ -128,6 +140,7 @@ def playground_commands(fleet: SimulatedFleet, address: str, namespace: str) -> 
         f"{gpuheal} status {conn} --cluster {fleet.cluster}",
         f"{gpuheal} status {node} {conn}",
         f"{gpuheal} history {node} {conn}",
+        f"{gpuheal} outcomes --since 1d --ledger {(STATE / 'ledger.db').resolve()}",
         f"{gpuheal} pause --reason 'try it' {conn} --cluster {fleet.cluster}",
         f"{gpuheal} resume {conn} --cluster {fleet.cluster}",
     ]

@@ -185,3 +185,30 @@ async def manual_report(client: Client, node: str, xid: int, gpu: int, cluster: 
                           detected_at=datetime.now(UTC),
                           findings=[Finding(kind="xid", xid=xid, gpu_index=gpu, message=f"reported by an operator: Xid {xid}")])
     return await send_report(client, report, node=node, cluster=cluster, task_queue=task_queue)
+
+
+async def suspect_report(client: Client, node: str, why: str, min_interval: timedelta, cluster: str = "default",
+                         task_queue: str = c.DEFAULT_TASK_QUEUE):
+    """A node suspected, not failed (a slow rank, NCCL timeouts, a person's hunch): the episode drains
+    it and load-tests it before any remedy. Refused when the node's last episode ended less than
+    `min_interval` ago: one flaky job must not keep a node out of service."""
+    boot = "manual"
+    try:
+        handle, running = await _running(client, node)
+        if running:
+            boot = (await query_status(client, handle)).boot_id or boot
+        else:
+            closed = (await handle.describe()).close_time
+            if closed is not None and datetime.now(UTC) - closed < min_interval:
+                ago = int((datetime.now(UTC) - closed).total_seconds() // 60)
+                raise OperatorError(f"{node} was checked {ago} min ago (its last episode ended {closed:%H:%M:%S} "
+                                    f"UTC); suspect reports are limited to one per {min_interval} per node")
+    except RPCError:
+        pass
+    except OperatorError as err:
+        if "no remediation has ever run" not in str(err):
+            raise
+    report = HealthReport(node=node, boot_id=boot, seq=time.time_ns() // 1000, source="manual",
+                          detected_at=datetime.now(UTC),
+                          findings=[Finding(kind="suspect", message=f"suspect: {why}"[:2000])])
+    return await send_report(client, report, node=node, cluster=cluster, task_queue=task_queue)

@@ -14,6 +14,7 @@ with workflow.unsafe.imports_passed_through():
     from activities import contracts as c
     from policies.model import Policy, RungPolicy
     from workflows.calls import call, call_or_none
+    from workflows.outcome import PATCH_OUTCOME_LEDGER
     from workflows.remediation_types import (
         ISSUE22_PATCHES,
         MAX_ACTIONS_KEPT,
@@ -114,6 +115,9 @@ class Episode:
             if self._bounded() and len(self.s.run_ids) > MAX_RUN_IDS_KEPT:
                 # The first run id names the episode (idempotency keys, the ledger): it stays.
                 self.s.run_ids = [self.s.run_ids[0], *self.s.run_ids[-(MAX_RUN_IDS_KEPT - 1):]]
+        # Decided before any local activity's marker (see _take_controller_policy); read at the
+        # episode's close, when the ledger record carries its outcome (workflows/outcome.py).
+        workflow.patched(PATCH_OUTCOME_LEDGER)
         if self.s.started_at is None:
             self.s.started_at = workflow.now()
             if workflow.info().typed_search_attributes.get(SA_NODE) is None:

@@ -21,6 +21,7 @@ GUARD_SIGNAL_REQUEST = "request"
 GUARD_SIGNAL_RELEASE = "release"
 HOLDER_SIGNAL_GRANTED = "lease_granted"
 HOLDER_SIGNAL_QUARANTINE = "quarantine_answer"
+RESEND_BACKOFF_CAP = 8  # a waiting episode re-sends its request at most every 8 x holder_check_interval
 
 
 class LeaseRequest(BaseModel):
@@ -89,8 +90,9 @@ class GuardClient(Episode):
         """A grant is the lease only for the request outstanding: one that arrives after the lease was
         given back (a re-grant of a re-sent request, a duplicate) would have a drain run with no
         holder at the guard."""
+        # A grant with no id comes from a guard that predates request ids: taken while a request is out.
         if self._fixed(PATCH_LEASE_REQUEST_IDS) and not (
-                self.s.lease_requested and grant.request_id == self.s.lease_request_id):
+                self.s.lease_requested and grant.request_id in (self.s.lease_request_id, "")):
             self._record("lease", f"ignored a lease grant for {self.node}", False,
                          f"grant of request {grant.request_id or '(none)'}; outstanding: "
                          f"{self.s.lease_request_id if self.s.lease_requested else 'none'}")
@@ -157,15 +159,19 @@ class GuardClient(Episode):
             await self._signal_guard(GUARD_SIGNAL_REQUEST, self._lease_request(), started=self.s.guard_notified)
             self.s.lease_requested = True
         self._set_details("waiting for a disruption lease from the fleet guard")
+        every = self.policy.guard.holder_check_interval
         while self._guard_admission():
             # The request is sent again now and then: a guard started afresh learns its waiters back.
+            # Each wait doubles, up to RESEND_BACKOFF_CAP times the first, so a long pause adds a
+            # few events an hour to each waiter's history instead of one re-send per interval.
             try:
-                await workflow.wait_condition(lambda: self.s.lease_held or self._steered(),
-                                              timeout=self.policy.guard.holder_check_interval,
+                await workflow.wait_condition(lambda: self.s.lease_held or self._steered(), timeout=every,
                                               timeout_summary=f"{self.node}'s lease request, re-sent")
                 break
             except TimeoutError:
                 await self._signal_guard(GUARD_SIGNAL_REQUEST, self._lease_request(), started=True)
+                if self._lease_backoff:
+                    every = min(every * 2, self.policy.guard.holder_check_interval * RESEND_BACKOFF_CAP)
         await workflow.wait_condition(lambda: self.s.lease_held or self._steered())
         if self.s.lease_held:
             self._record("lease", f"disruption lease for {self.node}", True)

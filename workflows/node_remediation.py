@@ -17,12 +17,15 @@ with workflow.unsafe.imports_passed_through():
         take_controller_policy,
     )
     from workflows.lease import HOLDER_SIGNAL_GRANTED, HOLDER_SIGNAL_QUARANTINE, LeaseGrant, QuarantineAnswer
+    from workflows.outcome import PATCH_OUTCOME_LEDGER, outcome_fields
     from workflows.remediation_steps import RemediationSteps
     from workflows.remediation_types import (
         PATCH_AGENT_MISSING_TOP,
         PATCH_APP_AGENT_MISSING,
         PATCH_APPROVE_RUNG,
         PATCH_KILL_IMPLICATED,
+        PATCH_LEASE_BACKOFF,
+        PATCH_NODE_PROFILES,
         PATCH_REPEAT_PER_BOARD,
         SA_ATTRIBUTION,
         SA_FAULT,
@@ -36,10 +39,12 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.report_intake import record_rejection, take_report
     from workflows.rungs import RungActions
+    from workflows.suspect import PATCH_SUSPECT_LOAD_TEST, SuspectCheck
+    from workflows.validation import PATCH_LOAD_VALIDATION
 
 
 @workflow.defn(name=c.EPISODE_WORKFLOW)
-class NodeRemediation(RungActions, RemediationSteps):
+class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
     """The runbook: triage, the ladder one rung at a time, return to service, probation. Its parts
     are lease.py (the guard), remediation_steps.py (cordon, drain, approval), rungs.py (the
     actions and validation), episode.py (state and records), report_intake.py (reports)."""
@@ -53,6 +58,8 @@ class NodeRemediation(RungActions, RemediationSteps):
         # sent the first report, and is never trusted with the episode's state.
         self.s = (inp.state if workflow.info().continued_run_id else None) or RemediationState()
         self._decide_issue22()
+        self._profiles = False  # PATCH_NODE_PROFILES, decided with the other patches
+        self._lease_backoff = False  # PATCH_LEASE_BACKOFF, likewise
 
     # --- handlers: agents signal, operators update, everyone queries --------------------------
     @workflow.signal
@@ -205,6 +212,9 @@ class NodeRemediation(RungActions, RemediationSteps):
         # Every patch is decided before the first local activity of a run: on replay, a patch
         # marker after a local activity's marker in one workflow task is a nondeterminism error.
         self._bounded(), self._no_harm(), self._local_cluster_calls(), self._guard_admission()
+        self._profiles = workflow.patched(PATCH_NODE_PROFILES)
+        self._lease_backoff = workflow.patched(PATCH_LEASE_BACKOFF)
+        workflow.patched(PATCH_LOAD_VALIDATION), workflow.patched(PATCH_SUSPECT_LOAD_TEST)  # read where used
         if workflow.info().continued_run_id and self.s.policy_sha256:
             return
         snap = await take_controller_policy(self.node)
@@ -232,6 +242,9 @@ class NodeRemediation(RungActions, RemediationSteps):
         self._upsert(*found)
         self._record("triage", f"triage {self.node}", True,
                      f"{t.fault_class} ({t.attribution}, {t.severity}): start at {t.start_rung.value}; {t.reason}")
+        if self._profiles and self.policy.observe:
+            return self._finish(Outcome.OBSERVED, f"observe mode ({self.policy.name}): would start at "
+                                                  f"{t.start_rung.value} ({t.fault_class}); nothing done")
         self.s.next_rung = t.start_rung
         if t.attribution == "platform":
             # Cordon first: it is safe, needs no budget, and every second counts for the jobs.
@@ -272,6 +285,9 @@ class NodeRemediation(RungActions, RemediationSteps):
         if rung.disruptive and self._no_harm() and not self.policy.dry_run and not self.s.lease_held:
             await self._acquire_lease()  # a long pause gave it back
             if self._steered():
+                return
+        if rung.disruptive and self._suspect_pending():
+            if await self._suspect_cleared() or self.s.stage is Stage.DONE:
                 return
         self.s.rungs_tried.append(rung)
         self.s.attempts[rung.value] = self.s.attempts.get(rung.value, 0) + 1
@@ -360,7 +376,9 @@ class NodeRemediation(RungActions, RemediationSteps):
                 fault_class=self.s.triage.fault_class, attribution=self.s.triage.attribution,
                 rungs=[r.value for r in self.s.rungs_tried], outcome=self.s.outcome.value,
                 started_at=self.s.started_at, ended_at=workflow.now(),
-                boards=self.s.implicated if self._fixed(PATCH_REPEAT_PER_BOARD) else []), None,
+                boards=self.s.implicated if self._fixed(PATCH_REPEAT_PER_BOARD) else [],
+                **(outcome_fields(self.s, self.inp.generation.value, workflow.now())
+                   if workflow.patched(PATCH_OUTCOME_LEDGER) else {})), None,
                 f"record {self.node}'s episode in the ledger")
 
     async def _continue_as_new_if_due(self) -> None:

@@ -70,8 +70,8 @@ class RemediationSteps(GuardClient):
         # three GPUs is three boards once each, not one node three times).
         by_board = self._fixed(PATCH_REPEAT_PER_BOARD)
         ids = self.s.implicated if by_board else self.s.hardware_ids
-        if not ids:
-            return False
+        if not self.s.hardware_ids:
+            return False  # asked whenever the node named hardware, as before (recorded histories)
         count = await self._ledger(c.LEDGER_COUNT_RECENT, c.CountRecentRequest(
             hardware_ids=ids, window_s=ro.window.total_seconds(), exclude_episode=self._episode(), by_board=by_board),
             int, f"count recent remediations of {self.node}'s hardware")
@@ -91,10 +91,12 @@ class RemediationSteps(GuardClient):
 
     async def _attribute_pods(self, t: Triage) -> None:
         pod_gpus = await self._pod_gpus() if t.gpus and self._no_harm() else None
-        await self._kube(c.KUBE_ATTRIBUTE_PODS, c.AttributePodsRequest(
+        marked = await self._kube(c.KUBE_ATTRIBUTE_PODS, c.AttributePodsRequest(
             node=self.node, attribution=t.attribution, fault=self._fault_label(), gpus=t.gpus, pod_gpus=pod_gpus,
             episode=self._episode(), dry_run=self.policy.dry_run),
             c.AttributePodsResult, f"mark pods on {self.node}: failure attribution {t.attribution}")
+        if marked is not None:  # the outcome ledger's interrupted pods (workflows/outcome.py)
+            self.s.pods_marked = sorted({*self.s.pods_marked, *marked.pods})[:200]
 
     async def _pod_gpus(self) -> dict[str, list[int]] | None:
         """Which pod runs on which GPU, from the node (None when the agent cannot say quickly)."""
@@ -144,6 +146,8 @@ class RemediationSteps(GuardClient):
             start_to_close=d.checkpoint_grace + d.deadline + timedelta(minutes=5), heartbeat=d.heartbeat_timeout,
         )
         self.s.drained = result is not None
+        if result is not None:
+            self.s.pods_evicted = sorted({*self.s.pods_evicted, *result.evicted, *result.forced})[:200]
         if not self._no_harm():
             return
         if result is None:

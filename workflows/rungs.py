@@ -20,7 +20,7 @@ with workflow.unsafe.imports_passed_through():
         PATCH_REPLACE_THEN_DENY,
         Outcome,
     )
-    from workflows.validation import AgentMissing, validate_once, validate_twice
+    from workflows.validation import PATCH_LOAD_VALIDATION, AgentMissing, validate_once, validate_twice
 
 
 class RungActions(GuardClient):
@@ -167,8 +167,9 @@ class RungActions(GuardClient):
                                          self._record, self.policy.dry_run, strict)
                 self.s.validations += int(ok)
                 return ok
+            tiers = ("quick", "repair") if workflow.patched(PATCH_LOAD_VALIDATION) else (None, None)
             passed = await validate_twice(self.node, self.policy.validation, self.inp.expected_gpus, self._record,
-                                          self.policy.dry_run, strict)
+                                          self.policy.dry_run, strict, tiers)
         except AgentMissing:
             self.s.agent_missing = True
             return False

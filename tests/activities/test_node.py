@@ -14,6 +14,8 @@ from activities import contracts as c
 from activities.node import NodeActivities
 from health.nics import NicExpectation
 from health.runner import ProbeConfig
+from policies.model import Policy
+from sim.load_device import sim_opener
 from sim.nvml import SimulatedNvml
 
 
@@ -204,3 +206,45 @@ async def test_gpu_pods_maps_pods_to_their_gpus(tmp_path):
                                       sysfs_infiniband=tmp_path), nv, proc=proc)
     result = await ActivityEnvironment().run(acts.gpu_pods, c.GpuPodsRequest(node="a1"))
     assert result.pod_gpus == {f"uid:{uids[11]}": [0, 1], f"uid:{uids[13]}": [3]}
+
+
+# --- validation under load ----------------------------------------------------------------------
+def loaded(tmp_path, nv, open_devices=None):
+    cfg = ProbeConfig(expected_gpus=len(nv.gpus), nics=NicExpectation(ports=0), require_nvidia_smi=False,
+                      sysfs_infiniband=tmp_path)
+    return NodeActivities(cfg, nv, dcgmi=str(tmp_path / "no-dcgmi"), open_devices=open_devices)
+
+
+QUICK = c.ValidateRequest(node="a1", tier="quick", load=Policy().scaled(0.01).validation.load)
+
+
+async def test_validate_under_load_records_every_gpu_figure(tmp_path):
+    nv = SimulatedNvml("a1", gpus=2)
+    res = await ActivityEnvironment().run(loaded(tmp_path, nv, sim_opener(nv)).validate, QUICK)
+    assert res.passed and "load-quick" in res.checks and "compute" in res.checks
+    assert [(g.uuid, g.serial) for g in res.load.gpus] == [(g.uuid, g.serial) for g in nv.gpus]
+    assert res.load.gpus[1].figures["tflops_sustained"] > 500
+
+
+async def test_validate_fails_a_gpu_that_corrupts_only_under_load(tmp_path):
+    nv = SimulatedNvml("a1", gpus=2)
+    nv.inject("corrupt_under_load", gpu=1)
+    acts = loaded(tmp_path, nv, sim_opener(nv))
+    assert (await ActivityEnvironment().run(acts.validate, c.ValidateRequest(node="a1"))).passed  # status alone: fooled
+    res = await ActivityEnvironment().run(acts.validate, QUICK)
+    assert not res.passed and [(f.kind.value, f.gpu_index) for f in res.findings] == [("silent_data_corruption", 1)]
+
+
+async def test_validate_without_cupy_fails_closed(tmp_path):
+    """The real opener on a machine without CuPy (this one): probe_broken with the reason, never a pass."""
+    nv = SimulatedNvml("a1", gpus=2)
+    res = await ActivityEnvironment().run(loaded(tmp_path, nv).validate, QUICK)
+    assert not res.passed and [f.kind.value for f in res.findings] == ["probe_broken"]
+    assert "CuPy is not installed" in res.findings[0].message and "gpuheal[gpu]" in res.findings[0].message
+
+
+async def test_validate_skips_the_load_when_the_status_probes_fail(tmp_path):
+    nv = SimulatedNvml("a1", gpus=2)
+    nv.inject("ecc_dbe", gpu=0)
+    res = await ActivityEnvironment().run(loaded(tmp_path, nv, sim_opener(nv)).validate, QUICK)
+    assert not res.passed and res.load is None and "load-quick: not run, the status probes already failed" in res.checks

@@ -263,6 +263,14 @@ class FakeFleet:
         self.denylist.update({i: req.reason for i in added})
         return c.DenylistResult(added=added)
 
+    @activity.defn(name=c.LEDGER_BASELINE)
+    async def baseline(self, req: c.BaselineRequest) -> c.BaselineResult:
+        return c.BaselineResult()
+
+    @activity.defn(name=c.LEDGER_LOAD_FIGURES)
+    async def load_figures(self, rec: c.LoadFiguresRecord) -> None:
+        self.figures = [*getattr(self, "figures", []), rec]
+
     @activity.defn(name=c.POLICY_CURRENT)
     async def current_policy(self, req: c.PolicyRequest) -> c.PolicySnapshot:
         """The controller's policy: whatever the test set on the fleet, read at each episode's start."""
@@ -285,7 +293,8 @@ class FakeFleet:
         return [self.quarantine, self.return_to_service, self.attribute_pods, self.drain, self.reboot,
                 self.replace, self.kill, self.reset, self.validate, self.record, self.count_recent,
                 self.denylist_add, self.check_denied, self.event, self.count_fleet, guard.signal_guard,
-                self.live_holders, self.running_episodes, self.quarantined_nodes, self.check_node, self.kubelet_boot_id, self.gpu_pods, self.current_policy]
+                self.live_holders, self.running_episodes, self.quarantined_nodes, self.check_node, self.kubelet_boot_id, self.gpu_pods, self.current_policy,
+                self.baseline, self.load_figures]
 
     @contextlib.asynccontextmanager
     async def workers(self):
