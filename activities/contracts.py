@@ -298,6 +298,8 @@ class RemediationRecord(BaseModel):
     outcome: str
     started_at: datetime
     ended_at: datetime
+    boards: list[str] = Field(default_factory=list, description="Ids of the hardware a probe implicated (a GPU's "
+                              "UUID and serial, or the instance): repeat offenders are counted per board by these.")
     # The outcome ledger (issue 26); absent from records written before it.
     detected_at: datetime | None = Field(default=None, description="The detector's clock at the first report.")
     returned_at: datetime | None = Field(default=None, description="Back in service (verified uncordon), if it was.")
@@ -315,6 +317,8 @@ class RemediationRecord(BaseModel):
 class CountRecentRequest(BaseModel):
     hardware_ids: list[str]
     window_s: float
+    by_board: bool = Field(default=False, description="Count episodes that implicated these ids (their `boards`), "
+                           "not every episode of a node that listed them.")
     exclude_episode: str | None = None
 
 

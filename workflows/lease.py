@@ -91,8 +91,9 @@ class GuardClient(Episode):
         """A grant is the lease only for the request outstanding: one that arrives after the lease was
         given back (a re-grant of a re-sent request, a duplicate) would have a drain run with no
         holder at the guard."""
+        # A grant with no id comes from a guard that predates request ids: taken while a request is out.
         if self._fixed(PATCH_LEASE_REQUEST_IDS) and not (
-                self.s.lease_requested and grant.request_id == self.s.lease_request_id):
+                self.s.lease_requested and grant.request_id in (self.s.lease_request_id, "")):
             self._record("lease", f"ignored a lease grant for {self.node}", False,
                          f"grant of request {grant.request_id or '(none)'}; outstanding: "
                          f"{self.s.lease_request_id if self.s.lease_requested else 'none'}")

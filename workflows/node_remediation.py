@@ -26,6 +26,7 @@ with workflow.unsafe.imports_passed_through():
         PATCH_KILL_IMPLICATED,
         PATCH_LEASE_BACKOFF,
         PATCH_NODE_PROFILES,
+        PATCH_REPEAT_PER_BOARD,
         SA_ATTRIBUTION,
         SA_FAULT,
         SA_UUIDS,
@@ -375,6 +376,7 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
                 fault_class=self.s.triage.fault_class, attribution=self.s.triage.attribution,
                 rungs=[r.value for r in self.s.rungs_tried], outcome=self.s.outcome.value,
                 started_at=self.s.started_at, ended_at=workflow.now(),
+                boards=self.s.implicated if self._fixed(PATCH_REPEAT_PER_BOARD) else [],
                 **(outcome_fields(self.s, self.inp.generation.value, workflow.now())
                    if workflow.patched(PATCH_OUTCOME_LEDGER) else {})), None,
                 f"record {self.node}'s episode in the ledger")

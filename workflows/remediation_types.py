@@ -45,7 +45,9 @@ PATCH_APP_AGENT_MISSING = "app-fault-agent-missing"  # 5: an application fault n
 PATCH_APPROVAL_NO_LEASE = "approval-without-lease"  # 6: no lease held while a person decides
 PATCH_LEASE_REQUEST_IDS = "lease-request-ids"  # 12: a grant is taken only for the request outstanding
 PATCH_REPLACE_THEN_DENY = "replace-then-denylist"  # 13: denylist once the replacement is under way
-PATCH_REPLACED_NODE = "replaced-node-done"  # 14: a node marked replaced starts nothing
+# 14 needed no workflow change (cloud.replace marks the Node, kube.check_node reads it): the id stays
+# decided, as main listed it for a while, so no history that carries its marker is left unmatched.
+PATCH_REPLACED_NODE = "replaced-node-done"
 PATCH_APPROVE_RUNG = "approve-names-rung"  # 15a: approve says which rung
 PATCH_REPEAT_PER_BOARD = "repeat-offender-per-board"  # 15b: repeat offenders counted per board
 ISSUE22_PATCHES = (PATCH_DRY_RUN_DENYLIST, PATCH_AGENT_MISSING_TOP, PATCH_AGENT_BOOT, PATCH_KILL_IMPLICATED,

@@ -250,7 +250,8 @@ class FakeFleet:
     @activity.defn(name=c.LEDGER_COUNT_RECENT)
     async def count_recent(self, req: c.CountRecentRequest) -> int:
         ids = set(req.hardware_ids)
-        return sum(1 for r in self.records if ids & set(r.hardware_ids) and r.episode != req.exclude_episode)
+        return sum(1 for r in self.records
+                   if ids & set(r.boards if req.by_board else r.hardware_ids) and r.episode != req.exclude_episode)
 
     @activity.defn(name=c.LEDGER_CHECK_DENIED)
     async def check_denied(self, req: c.CheckDeniedRequest) -> c.CheckDeniedResult:

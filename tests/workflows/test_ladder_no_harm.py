@@ -206,3 +206,16 @@ async def test_replaced_node_is_not_replaced_again(ts_env, uniq):
     assert second.outcome == "rejected" and "was replaced" in second.reason
     assert not {"kube.quarantine", "kube.drain", "cloud.reboot", "cloud.replace", "node.reset_gpu"} & set(n.calls[calls:])
     assert len(fleet.records) == 1 and len(fleet.denylist) == 2
+
+
+async def test_repeat_offenders_are_counted_per_board(ts_env, uniq):
+    """Faults on GPUs 0, 2 and 4 of one node are three boards once each: no straight replace; a
+    third fault on board SN-2 (GPUs 4 and 5) is a repeat offender (issue 22, 15b)."""
+    fleet = make_fleet(ts_env, uniq)
+    n = fleet.add(FakeNode(f"board-{uniq}", [xid(48, gpu=0)], cured_by="reset"))
+    rungs = []
+    async with fleet.workers():
+        for gpu in (0, 2, 4, 4, 5):
+            n.findings, n.faulty = [xid(48, gpu=gpu)], True
+            rungs.append([r.value for r in (await (await fleet.report(n.name)).result()).rungs])
+    assert rungs == [["reset"], ["reset"], ["reset"], ["reset"], ["replace"]]
