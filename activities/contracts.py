@@ -159,6 +159,8 @@ class EventRequest(_Request):
 class RebootRequest(_Request):
     idempotency_key: str = Field(description="One reboot per key, however often the activity is retried.")
     ownership_tag: str = "gpuheal.io/managed=true"
+    boot_wait_s: float = Field(default=0.0, description="How long a machine may take to boot (the reboot rung's "
+                               "return_timeout): a reboot that may have gone out is not sent again sooner.")
 
 
 class RebootResult(BaseModel):
@@ -174,9 +176,18 @@ class ReplaceRequest(_Request):
     ownership_tag: str = "gpuheal.io/managed=true"
 
 
+# Set on the Node once its instance's replacement is under way: the old host may run (and its agent
+# report) for a while after the terminate, and those reports must start nothing (issue 22, 14).
+REPLACED_ANNOTATION = "gpuheal.io/replaced-by"
+REPLACED_BOOT_ANNOTATION = "gpuheal.io/replaced-boot"  # the kubelet's boot id of the host replaced
+
+
 class ReplaceResult(BaseModel):
     instance_id: str
     action: Literal["asg", "ec2", "karpenter", "already_terminated", "dry_run"]
+    lifecycle_state: str | None = Field(default=None, description="The Auto Scaling lifecycle state after the "
+                                        "terminate (Terminating:Wait while a lifecycle hook holds the instance).")
+    marked: bool = Field(default=False, description="The Node carries REPLACED_ANNOTATION (verified).")
 
 
 # --- node-local ---------------------------------------------------------------------------------
@@ -295,6 +306,8 @@ class RemediationRecord(BaseModel):
     phases: dict[str, float] = Field(default_factory=dict, description="Seconds per phase (workflows/outcome.py).")
     pods: list[InterruptedPod] = Field(default_factory=list, description="Pods the episode interrupted.")
     finding: Finding | None = Field(default=None, description="The finding that set the first rung (what-if replays it).")
+    validations: dict[str, int] = Field(default_factory=dict, description="Validation runs: passed and failed.")
+    agent_missing: bool = Field(default=False, description="A node-local step found no agent on the node.")
     sku: str | None = None
     profile: str | None = None
 

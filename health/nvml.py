@@ -37,6 +37,9 @@ class NvmlSession:
     def __init__(self, nv=pynvml):
         self.nv = nv
         self.inits = 0  # how often nvmlInit ran (the bench prints it)
+        # Facts that hold until NVML is initialised again: each GPU's ids, the NVLink links it has.
+        self.ids: dict[int, GpuIds] = {}
+        self.links: dict[int, list[int]] = {}
         self._ready = False
         self._lock = threading.Lock()
 
@@ -49,6 +52,7 @@ class NvmlSession:
                         self.nv.nvmlShutdown()  # nvmlInit counts references: drop the stale one
                     except pynvml.NVMLError:
                         pass
+                self.ids, self.links = {}, {}
                 self.nv.nvmlInit()
                 self.inits += 1
                 self._ready = True
@@ -138,14 +142,18 @@ class _GpuChecks:
         nv = self.nv
         try:
             h = nv.nvmlDeviceGetHandleByIndex(self.index)
-            serial = self.call(nv.nvmlDeviceGetSerial, h)
-            self.ids = GpuIds(index=self.index, uuid=_text(nv.nvmlDeviceGetUUID(h)),
-                              serial=_text(serial) if serial else None,
-                              pci=_text(nv.nvmlDeviceGetPciInfo(h).busId))
+            known = self.session.ids.get(self.index) if self.session else None
+            if known is None:
+                serial = self.call(nv.nvmlDeviceGetSerial, h)
+                known = GpuIds(index=self.index, uuid=_text(nv.nvmlDeviceGetUUID(h)),
+                               serial=_text(serial) if serial else None, pci=_text(nv.nvmlDeviceGetPciInfo(h).busId))
+            self.ids = known
             self.result.gpus.append(self.ids)
             for check in (self.ecc, self.memory_remap, self.recovery_action, self.pcie, self.nvlink, self.thermal,
                           self.mig):
                 check(h)
+            if self.session is not None:
+                self.session.ids[self.index] = self.ids  # a GPU that answered every check: its ids hold
         except GPU_LOST_ERRORS as err:
             self._failed(err)
             self.finding(FindingKind.GPU_LOST, f"NVML: {err}")
@@ -211,14 +219,18 @@ class _GpuChecks:
                              f"PCIe link at Gen{gen} under load ({util.gpu}% busy), the link reaches Gen{link_gen}")
 
     def nvlink(self, h) -> None:
-        down = []
-        for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+        links = self.session.links.get(self.index) if self.session else None
+        present, down = [], []
+        for link in range(pynvml.NVML_NVLINK_MAX_LINKS) if links is None else links:
             try:
                 state = self.nv.nvmlDeviceGetNvLinkState(h, link)
             except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_InvalidArgument):
-                continue  # links the board does not have
+                continue  # links the board does not have (asked once per NVML session)
+            present.append(link)
             if not state:
                 down.append(link)
+        if self.session is not None and links is None:
+            self.session.links[self.index] = present
         if down:
             self.finding(FindingKind.NVLINK_DOWN, f"NVLink links down: {down}")
 

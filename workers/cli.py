@@ -12,14 +12,12 @@ from pathlib import Path
 from policies.loader import PolicyError, load_policy
 from workers.telemetry import FlagError, configure_logging
 
-# -o json|yaml: the machine-readable form every command's --json prints (set once by `main`).
-OUTPUT = "json"
-
 
 def _print_json(doc) -> None:
-    from workers.render import document
+    """The one document a command prints with --json or -o json|yaml."""
+    from workers import render
 
-    sys.stdout.write(document(doc, OUTPUT) + "\n")
+    sys.stdout.write(render.document(doc, render.MACHINE["format"]) + "\n")
 
 
 def cmd_policy_check(args) -> int:
@@ -277,9 +275,13 @@ def cmd_whatif(args) -> int:
                 args.from_ledger, model.durations if model else None)
             for note in notes:
                 print(f"gpuheal whatif: {note}", file=sys.stderr)
-        workload = load_workload(args.workload) if args.workload else None
-        outcomes = run_whatif(model, policies, args.nodes, args.days, args.seed,
-                              on_progress=ProgressBar(policies), jobs=args.jobs, workload=workload, faults=faults)
+        workloads = [load_workload(w) for w in args.workloads or []]
+        bars = ProgressBar(policies)
+        try:
+            outcomes = run_whatif(model, policies, args.nodes, args.days, args.seed,
+                                  on_progress=bars, jobs=args.jobs, workloads=workloads, faults=faults)
+        finally:
+            bars.close()
     except (FaultModelError, PolicyError, WorkloadError) as err:
         for problem in err.problems:
             print(f"{err.source}: {problem}", file=sys.stderr)
@@ -293,7 +295,7 @@ def cmd_whatif(args) -> int:
         plot(outcomes, args.plot)
     if args.json:
         _print_json({"model": model.name, "nodes": args.nodes, "days": args.days, "seed": args.seed,
-                     "workload": args.workload, "from_ledger": args.from_ledger,
+                     "workloads": args.workloads or [], "from_ledger": args.from_ledger,
                      "policies": [o.model_dump(mode="json") for o in outcomes]})
     else:
         print(f"{model.name}: {args.nodes} nodes, {args.days:g} days, seed {args.seed}")
@@ -387,34 +389,59 @@ def _fail(reason: str) -> int:
 COMMAND_DEADLINE_S = 120  # a backstop: each query and update has its own, shorter deadline
 
 
+class _Unreachable(Exception):
+    """Temporal could not be reached: the command could not run (exit 2)."""
+
+
 def _operator(args, work) -> int:
-    """Run one operator command: JSON or a human line; a one-line reason and non-zero on failure."""
+    """Run one operator command: a table (or -o json|yaml), a one-line reason and non-zero on failure.
+    With --watch, again every WATCH_EVERY_S until Ctrl-C: redrawn in place on a terminal, printed
+    again when it changed otherwise."""
     from workers.operator import OperatorError
+
+    def show(doc) -> str:
+        doc = doc.model_dump(mode="json") if hasattr(doc, "model_dump") else doc
+        if args.json:
+            from workers import render
+
+            return render.document(doc, render.MACHINE["format"])
+        from workers.render import human
+
+        return human(args.command, doc, wide=getattr(args, "output", None) == "wide")
 
     async def go():
         try:
             client = await _connect(args, "gpuheal-cli")
         except ConnectError as err:
-            raise OperatorError(str(err)) from None
-        try:
-            return await asyncio.wait_for(work(client), COMMAND_DEADLINE_S)
-        except TimeoutError:
-            raise OperatorError(f"no answer from Temporal at {_address(args)} within {COMMAND_DEADLINE_S} s") from None
+            raise _Unreachable(str(err)) from None
+        last = None
+        while True:
+            try:
+                text = show(await asyncio.wait_for(work(client), COMMAND_DEADLINE_S))
+            except TimeoutError:
+                raise _Unreachable(f"no answer from Temporal at {_address(args)} within {COMMAND_DEADLINE_S} s") from None
+            if not getattr(args, "watch", False):
+                return print(text)
+            if text != last:
+                print(("\x1b[H\x1b[2J" if sys.stdout.isatty() else "") + text, flush=True)
+                last = text
+            await asyncio.sleep(WATCH_EVERY_S)
 
     try:
-        doc = asyncio.run(go())
+        asyncio.run(go())
+    except KeyboardInterrupt:
+        return 0
+    except _Unreachable as err:
+        print(f"gpuheal {args.command}: {err}", file=sys.stderr)
+        return 2
     except OperatorError as err:
         return _fail(f"gpuheal {args.command}: {err}")
     except Exception as err:  # noqa: BLE001 - rejected updates and the like
         return _fail(f"gpuheal {args.command}: {getattr(err, 'cause', None) or err}")
-    doc = doc.model_dump(mode="json") if hasattr(doc, "model_dump") else doc
-    if args.json:
-        _print_json(doc)
-    else:
-        from workers.render import human
-
-        print(human(args.command, doc, wide=getattr(args, "output", None) == "wide"))
     return 0
+
+
+WATCH_EVERY_S = 2.0
 
 
 def cmd_status(args) -> int:
@@ -476,6 +503,39 @@ def cmd_report(args) -> int:
     return _operator(args, work)
 
 
+def cmd_config(args) -> int:
+    from workers import cli_config
+
+    try:
+        if args.config_command == "set-context":
+            settings = {"temporal": args.temporal, "namespace": args.namespace, "cluster": args.cluster,
+                        "task-queue": args.task_queue}
+            print(f"context {args.name!r} saved in {cli_config.set_context(args.name, settings, args.use)}")
+        elif args.config_command == "use-context":
+            doc = cli_config.load()
+            if args.name not in doc["contexts"]:
+                return _fail(f"gpuheal config: no context {args.name!r} in {cli_config.config_path()}")
+            doc["current-context"] = args.name
+            print(f"switched to context {args.name!r} ({cli_config.save(doc)})")
+        else:
+            doc = cli_config.load()
+            rows = [{"current": name == doc.get("current-context"), "name": name, **(ctx or {})}
+                    for name, ctx in doc["contexts"].items()]
+            if args.json:
+                _print_json(rows)
+            elif not rows:
+                print(f"No contexts in {cli_config.config_path()} (gpuheal config set-context NAME ...)")
+            else:
+                from workers.render import table
+
+                print(table(["current", "name", *cli_config.KEYS], [
+                    ["*" if r["current"] else "", r["name"], *(r.get(k) for k in cli_config.KEYS)] for r in rows]))
+    except cli_config.ConfigError as err:
+        print(f"gpuheal config: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def cmd_cli_reference(args) -> int:
     from workers.cli_parser import build_parser
     from workers.cli_reference import cli_reference
@@ -497,14 +557,22 @@ def _temporal_options(args: argparse.Namespace, service: str):
 
 
 def main(argv: list[str] | None = None) -> int:
+    from workers import cli_config
     from workers.cli_parser import build_parser
 
-    global OUTPUT
     args = build_parser().parse_args(argv)
     configure_logging(args.log_level, args.log_format)
+    try:
+        if args.command != "config":
+            cli_config.apply(args, sys.argv[1:] if argv is None else argv)
+    except cli_config.ConfigError as err:
+        print(f"gpuheal {args.command}: {err}", file=sys.stderr)
+        return 2
     if hasattr(args, "output"):  # -o json|yaml is --json in that form; table and wide are the human views
+        from workers import render
+
         args.json = args.json or args.output in ("json", "yaml")
-        OUTPUT = args.output if args.output in ("json", "yaml") else "json"
+        render.MACHINE["format"] = args.output if args.output in ("json", "yaml") else "json"
     try:
         return args.func(args)
     except FlagError as err:  # a bad --metrics/--tracing/TLS flag: one line

@@ -20,6 +20,8 @@ def add_temporal_args(p: argparse.ArgumentParser, embedded: bool = False) -> Non
                    help="an existing Temporal server (default: an embedded dev server)" if embedded
                    else "the Temporal frontend (default: TEMPORAL_ADDRESS, else 127.0.0.1:7233)")
     g.add_argument("--namespace", default=None, help="default: TEMPORAL_NAMESPACE, else default")
+    g.add_argument("--context", default=None,
+                   help="a named context from gpuheal's config file (default: its current context); flags win")
     g.add_argument("--tls-ca", default=None, metavar="PEM", help="CA of the server's certificate; turns TLS on")
     g.add_argument("--tls-cert", default=None, metavar="PEM", help="client certificate for mutual TLS")
     g.add_argument("--tls-key", default=None, metavar="PEM", help="client key for mutual TLS")
@@ -137,9 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     whatif.add_argument("--json", action="store_true")
     whatif.add_argument("--plot", metavar="OUT.png", help="draw availability over time and node-hours lost by cause")
     whatif.add_argument("--jobs", type=int, default=None, help="policies run at once, one process each (default: cores)")
-    whatif.add_argument("--workload", metavar="WORKLOAD",
+    whatif.add_argument("--workload", action="append", dest="workloads", metavar="WORKLOAD",
                         help="jobs on the fleet (YAML, or shipped: llama3-pretrain, training, training-checkpointed): "
-                             "job success, ETTR, goodput lost per policy")
+                             "job success, ETTR, goodput lost per policy; again for another on the same outages")
     whatif.add_argument("--from-ledger", metavar="FILE",
                         help="replay the faults of a `gpuheal outcomes --json` export instead of drawing them")
     whatif.set_defaults(func=cli.cmd_whatif)
@@ -151,6 +153,20 @@ def build_parser() -> argparse.ArgumentParser:
     outcomes.add_argument("--by", choices=["profile", "sku", "fault"], default=None)
     outcomes.add_argument("--json", action="store_true")
     outcomes.set_defaults(func=cli.cmd_outcomes)
+
+    config = sub.add_parser("config", help="named contexts: Temporal address, namespace, cluster, task queue").add_subparsers(
+        dest="config_command", required=True)
+    setc = config.add_parser("set-context", help="create or change a context (only the settings given)")
+    setc.add_argument("name")
+    for flag in ("--temporal", "--namespace", "--cluster", "--task-queue"):
+        setc.add_argument(flag, default=None)
+    setc.add_argument("--use", action="store_true", help="also make it the current context")
+    setc.set_defaults(func=cli.cmd_config)
+    config.add_parser("use-context", help="make a context the current one").add_argument("name")
+    config.choices["use-context"].set_defaults(func=cli.cmd_config)
+    getc = config.add_parser("get-contexts", help="every context, the current one marked")
+    getc.add_argument("--json", action="store_true")
+    getc.set_defaults(func=cli.cmd_config)
 
     demo = sub.add_parser("demo", help="the whole system on this machine with the built-in scenario")
     demo.add_argument("--keep", action="store_true", help="leave everything running until Ctrl-C")
@@ -170,12 +186,14 @@ def build_parser() -> argparse.ArgumentParser:
         sp.set_defaults(func=func)
         return sp
 
-    operator_cmd("status", "what is happening to a node, or every open episode", cli.cmd_status, "optional")
+    operator_cmd("status", "what is happening to a node, or every open episode", cli.cmd_status, "optional").add_argument(
+        "-w", "--watch", action="store_true", help="show it again whenever it changes, until Ctrl-C")
     operator_cmd("history", "every episode of a node, each step with its time and result", cli.cmd_history, "required")
     operator_cmd("approve", "approve the rung a node's episode waits on", cli.cmd_episode_update, "required").add_argument(
         "rung", choices=[r.value for r in Rung], help="the rung you approve (as `status` shows it)")
     operator_cmd("replace", "skip a node's episode straight to replacement", cli.cmd_episode_update, "required")
-    operator_cmd("guard", "the fleet guard: budget, leases and holders, waiters and why, gates, canaries", cli.cmd_guard)
+    operator_cmd("guard", "the fleet guard: budget, leases and holders, waiters and why, gates, canaries", cli.cmd_guard).add_argument(
+        "-w", "--watch", action="store_true", help="show it again whenever it changes, until Ctrl-C")
     operator_cmd("pause", "pause new disruptive leases in the cluster", cli.cmd_guard_update).add_argument("--reason", default="")
     res = operator_cmd("resume", "resume disruptive leases (also closes a tripped storm breaker)", cli.cmd_guard_update)
     res.add_argument("--force", action="store_true",

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 OUTPUTS = ("table", "wide", "json", "yaml")
+MACHINE = {"format": "json"}  # what --json prints in this process: set once by the CLI's main from -o
 
 
 def document(doc, output: str) -> str:
@@ -28,12 +29,13 @@ def document(doc, output: str) -> str:
 def table(columns: list[str], rows: list[list], title: str | None = None) -> str:
     """A kubectl-style table: upper-case headers, no borders, two spaces between columns."""
     tty = sys.stdout.isatty()
-    console = Console(file=io.StringIO(), force_terminal=tty, no_color=not tty, width=None if tty else 10_000,
+    # Never cut to the terminal width (kubectl lets a long row wrap instead).
+    console = Console(file=io.StringIO(), force_terminal=tty, no_color=not tty, width=10_000,
                       highlight=False)
     t = Table(*[c.upper() for c in columns], box=None, pad_edge=False, padding=(0, 2, 0, 0),
               header_style="bold" if tty else "", title=title, title_justify="left", show_edge=False)
     for row in rows:
-        t.add_row(*["<none>" if v is None or v == "" else str(v) for v in row])
+        t.add_row(*["<none>" if v is None else str(v) for v in row])
     with console.capture() as cap:
         console.print(t)
     return "\n".join(line.rstrip() for line in cap.get().splitlines())

@@ -24,6 +24,7 @@ with workflow.unsafe.imports_passed_through():
         PATCH_APP_AGENT_MISSING,
         PATCH_APPROVE_RUNG,
         PATCH_KILL_IMPLICATED,
+        PATCH_LEASE_BACKOFF,
         PATCH_NODE_PROFILES,
         SA_ATTRIBUTION,
         SA_FAULT,
@@ -57,6 +58,7 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
         self.s = (inp.state if workflow.info().continued_run_id else None) or RemediationState()
         self._decide_issue22()
         self._profiles = False  # PATCH_NODE_PROFILES, decided with the other patches
+        self._lease_backoff = False  # PATCH_LEASE_BACKOFF, likewise
 
     # --- handlers: agents signal, operators update, everyone queries --------------------------
     @workflow.signal
@@ -72,7 +74,7 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
 
     @workflow.signal(name=HOLDER_SIGNAL_GRANTED)
     def lease_granted(self, grant: LeaseGrant) -> None:
-        self.s.lease_held = True
+        self._take_grant(grant)
 
     @workflow.signal(name=HOLDER_SIGNAL_QUARANTINE)
     def quarantine_answer(self, answer: QuarantineAnswer) -> None:
@@ -210,6 +212,7 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
         # marker after a local activity's marker in one workflow task is a nondeterminism error.
         self._bounded(), self._no_harm(), self._local_cluster_calls(), self._guard_admission()
         self._profiles = workflow.patched(PATCH_NODE_PROFILES)
+        self._lease_backoff = workflow.patched(PATCH_LEASE_BACKOFF)
         workflow.patched(PATCH_LOAD_VALIDATION), workflow.patched(PATCH_SUSPECT_LOAD_TEST)  # read where used
         if workflow.info().continued_run_id and self.s.policy_sha256:
             return

@@ -8,6 +8,7 @@ service (or the episode's end, when it never returned). Pure functions of the st
 from __future__ import annotations
 
 from datetime import datetime
+from types import MappingProxyType
 
 from temporalio import workflow
 
@@ -19,14 +20,14 @@ with workflow.unsafe.imports_passed_through():
 PATCH_OUTCOME_LEDGER = "outcome-ledger"
 MAX_PODS_KEPT = 200
 
-PHASE_OF_STEP = {
+PHASE_OF_STEP = MappingProxyType({
     "policy": "quarantine", "triage": "quarantine", c.KUBE_CHECK_NODE: "quarantine", c.KUBE_QUARANTINE: "quarantine",
     c.KUBE_ATTRIBUTE_PODS: "quarantine", "attribution": "quarantine", c.KUBE_EVENT: "quarantine",
     "quarantine": "waiting for the guard", "lease": "waiting for a lease", "approval": "waiting for approval",
     "operator": "waiting for an operator", c.KUBE_DRAIN: "drain", "drain": "drain",
     "kill": "kill", "reset": "reset", "reboot": "reboot", "boot_id": "reboot", "replace": "replace",
     "denylist": "replace", "validate": "validation", c.KUBE_RETURN_TO_SERVICE: "return to service",
-}
+})
 
 
 def phases(s: RemediationState, start: datetime, end: datetime) -> dict[str, float]:
@@ -78,6 +79,9 @@ def outcome_fields(s: RemediationState, generation: str, now: datetime) -> dict:
         "out_of_service_s": round((end - start).total_seconds(), 3) if quarantined else 0.0,
         "phases": phases(s, start, end), "pods": interrupted_pods(s), "sku": generation,
         "profile": s.policy_name or None, "finding": first_finding(s),
+        "validations": {"passed": sum(1 for a in s.actions if a.step == "validate" and a.ok),
+                        "failed": sum(1 for a in s.actions if a.step == "validate" and not a.ok)},
+        "agent_missing": s.agent_missing or any("agent_missing" in a.detail for a in s.actions),
     }
 
 

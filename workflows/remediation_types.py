@@ -54,6 +54,9 @@ ISSUE22_PATCHES = (PATCH_DRY_RUN_DENYLIST, PATCH_AGENT_MISSING_TOP, PATCH_AGENT_
 # workflow.patched id: a profile's observe mode (record the triage, never cordon); admission records
 # the node's baseline and keeps an observed node untainted.
 PATCH_NODE_PROFILES = "node-profiles"
+# A waiting episode re-sends its lease request on a doubling interval (capped), not every
+# holder_check_interval: a long pause no longer grows each waiter's history without bound.
+PATCH_LEASE_BACKOFF = "lease-request-backoff"
 MAX_ACTIONS_KEPT = 200
 MAX_SEQ_SENDERS_KEPT = 32
 MAX_RUN_IDS_KEPT = 50
@@ -120,6 +123,8 @@ class RemediationState(BaseModel):
     drained: bool = False
     lease_requested: bool = False
     lease_held: bool = False
+    lease_requests: int = Field(default=0, description="Lease requests made: each new one gets the next id.")
+    lease_request_id: str = Field(default="", description="The outstanding request's id (its grant must echo it).")
     guard_notified: bool = False
     validations: int = 0
     detect_to_cordon_ms: int | None = None

@@ -17,6 +17,7 @@ with workflow.unsafe.imports_passed_through():
         PATCH_AGENT_BOOT,
         PATCH_DRY_RUN_DENYLIST,
         PATCH_KILL_IMPLICATED,
+        PATCH_REPLACE_THEN_DENY,
         Outcome,
     )
     from workflows.validation import PATCH_LOAD_VALIDATION, AgentMissing, validate_once, validate_twice
@@ -77,11 +78,18 @@ class RungActions(GuardClient):
         return True
 
     async def _replace(self, summary: str, key: str, rp: RungPolicy) -> bool:
-        await self._denylist()
-        await self._cloud(c.CLOUD_REPLACE, c.ReplaceRequest(
+        after = self._fixed(PATCH_REPLACE_THEN_DENY)
+        if not after:
+            await self._denylist()
+        done = await self._cloud(c.CLOUD_REPLACE, c.ReplaceRequest(
             node=self.node, idempotency_key=key, mode=self.policy.replacement,
             ownership_tag=self.policy.ownership_tag, dry_run=self.policy.dry_run), c.ReplaceResult, summary, rp)
-        self._record(Rung.REPLACE.value, summary, True, self._take_drain_note())
+        if after:
+            # Only once the replacement is under way: a failed one leaves the node quarantined for a
+            # person with its hardware not (yet) refused anywhere else.
+            await self._denylist()
+        hook = f"Auto Scaling lifecycle {done.lifecycle_state}" if after and done.lifecycle_state else ""
+        self._record(Rung.REPLACE.value, summary, True, "; ".join(x for x in (hook, self._take_drain_note()) if x))
         return True
 
     async def _reboot(self, summary: str, key: str, rp: RungPolicy) -> bool:
@@ -91,7 +99,8 @@ class RungActions(GuardClient):
         before, agent_before = self.s.boot_id, self.s.agent_boot_id
         no_harm, dry = self._no_harm(), self.policy.dry_run
         sent = await self._cloud(c.CLOUD_REBOOT, c.RebootRequest(node=self.node, idempotency_key=key, dry_run=dry,
-                                                                 ownership_tag=self.policy.ownership_tag),
+                                                                 ownership_tag=self.policy.ownership_tag,
+                                                                 boot_wait_s=rp.return_timeout.total_seconds()),
                                  c.RebootResult, summary, rp)
         kubelet_before = sent.from_boot
         self._record(Rung.REBOOT.value, summary, True,

@@ -62,3 +62,62 @@ async def test_every_operator_command_in_each_form(dev_env, uniq):
         RemediationStatus.model_validate_json(approved.stdout)
         await handle.result()
         await fleet.stop_guard()
+
+
+async def test_a_named_context_replaces_the_connection_flags(dev_env, uniq, tmp_path):
+    """kubectl's habit: `gpuheal config set-context NAME --temporal ... --use`, then commands need no
+    connection flags; a flag still wins, and an unknown context is refused in one line (exit 2)."""
+    import os
+    import subprocess
+    import sys
+
+    address = dev_env.client.service_client.config.target_host
+    env = {**os.environ, "GPUHEAL_CONFIG": str(tmp_path / "config.yaml")}
+
+    def run(*argv):
+        return subprocess.run([sys.executable, "-m", "workers.cli", *argv], capture_output=True, text=True,
+                              timeout=60, env=env)
+
+    assert run("config", "set-context", "here", "--temporal", address, "--cluster", f"c-{uniq}", "--use").returncode == 0
+    assert run("config", "set-context", "nowhere", "--temporal", "127.0.0.1:1").returncode == 0
+    contexts = json.loads(run("config", "get-contexts", "-o", "json").stdout)
+    assert [(c["name"], c["current"]) for c in contexts] == [("here", True), ("nowhere", False)]
+    guard = run("guard", "-o", "json")  # no flags: the context's address and cluster
+    assert guard.returncode == 1 and f"no fleet guard runs for cluster 'c-{uniq}'" in guard.stderr, guard.stderr
+    assert run("status", "--context", "nowhere").returncode == 2, "cannot reach Temporal: could not run"
+    assert run("status", "--context", "nowhere", "--temporal", address).returncode == 0, "a flag wins"
+    unknown = run("status", "--context", "gone")
+    assert unknown.returncode == 2 and "no context 'gone'" in unknown.stderr
+
+
+async def test_status_watch_prints_each_change_until_interrupted(dev_env, uniq):
+    """`gpuheal status NODE -w`: printed again when it changes (piped: one block per change), and
+    Ctrl-C ends it with 0."""
+    import signal
+    import subprocess
+    import sys
+
+    address = dev_env.client.service_client.config.target_host
+    policy = default_policy().scaled(0.001)
+    policy.ladder.reboot.requires_approval = True
+    policy.ladder.reboot.approval_timeout = policy.ladder.reboot.approval_timeout * 1000
+    fleet = FakeFleet(client=dev_env.client, task_queue=f"tq-{uniq}", policy=policy, cluster=f"w-{uniq}")
+    n = fleet.add(FakeNode(f"watch-{uniq}", [xid(79)], cured_by="reboot"))
+    async with fleet.workers():
+        handle = await fleet.report(n.name)
+        for _ in range(200):
+            if (await handle.query(NodeRemediation.status)).awaiting_approval:
+                break
+            await asyncio.sleep(0.05)
+        proc = subprocess.Popen([sys.executable, "-m", "workers.cli", "status", n.name, "-w", "--temporal", address],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        await asyncio.sleep(4)
+        await handle.execute_update(NodeRemediation.pause, "vendor on site")
+        await asyncio.sleep(4)
+        assert proc.poll() is None, proc.stderr.read()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+        await handle.terminate("test over")
+    assert proc.returncode == 0, err
+    blocks = out.count("Stage:")
+    assert blocks == 2 and "Paused:           yes: vendor on site" in out, out

@@ -48,6 +48,8 @@ class FakeNode:
     # After a reboot that returns: "agent" reports from the new boot and serves; "once" reports once
     # from it, then is gone; "watcher": only a condition watcher reports the kubelet's new boot id.
     after_reboot: str = "agent"
+    lifecycle_hook: bool = False  # replace: a termination hook holds the instance (Terminating:Wait)
+    replaced_boot: int | None = None  # the boot whose host was replaced (the Node's replaced annotation)
     exists: bool = True  # False: the API server has no such node
     fail: set[str] = field(default_factory=set)  # activity names that fail for good (NoEffect) on this node
     pod_gpus: dict[str, list[int]] = field(default_factory=dict)  # what node.gpu_pods answers
@@ -86,6 +88,8 @@ class FakeFleet:
     events: list[c.EventRequest] = field(default_factory=list)
     holder_check_delay: float = 0.0  # how long guard.live_holders takes (a slow server)
     agents: dict[str, Worker] = field(default_factory=dict)  # node -> the worker serving node/<name>
+    check_drain_lease: bool = False  # each drain asks the guard whether the node holds a lease
+    drained_without_lease: list[str] = field(default_factory=list)
     episodes_unlisted: bool = False  # guard.running_episodes fails (visibility down)
 
     def add(self, node: FakeNode) -> FakeNode:
@@ -146,6 +150,10 @@ class FakeFleet:
     @activity.defn(name=c.KUBE_DRAIN)
     async def drain(self, req: c.DrainRequest) -> c.DrainResult:
         n = self._node(req)
+        if self.check_drain_lease:
+            guard = await self.client.get_workflow_handle(guard_workflow_id(self.cluster)).query(FleetGuard.status)
+            if not any(h.node == n.name for h in guard.holders):
+                self.drained_without_lease.append(n.name)
         self.disruptive_now.add(n.name)
         self.max_disruptive = max(self.max_disruptive, len(self.disruptive_now))
         if n.hold is not None:
@@ -164,6 +172,9 @@ class FakeFleet:
         if n is None or not n.exists:
             return c.NodeCheckResult(exists=False, ours=False, reason=f"node {req.node} does not exist")
         self._node(req)
+        if n.replaced_boot == n.boot:  # as kube.check_node reads the replaced annotation
+            return c.NodeCheckResult(exists=True, ours=False, reason=f"node {n.name} was replaced: reports from its "
+                                     "old host start nothing")
         return c.NodeCheckResult(exists=True, ours=True)
 
     @activity.defn(name=c.KUBE_FLEET_SIZE)
@@ -202,6 +213,9 @@ class FakeFleet:
     async def replace(self, req: c.ReplaceRequest) -> c.ReplaceResult:
         n = self._node(req)
         self._leave_disruption(n.name)
+        n.replaced_boot = n.boot  # as cloud.replace marks the Node
+        if n.lifecycle_hook:
+            return c.ReplaceResult(instance_id=f"i-{n.name}", action="asg", lifecycle_state="Terminating:Wait")
         return c.ReplaceResult(instance_id=f"i-{n.name}", action="ec2")
 
     # --- node-local ----------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from temporalio.client import WorkflowUpdateFailedError
@@ -12,8 +12,10 @@ from activities.contracts import guard_workflow_id
 from policies.findings import Finding
 from policies.loader import default_policy
 from tests.workflows.fakes import DESTRUCTIVE, FakeNode, xid
+from tests.workflows.test_do_no_harm import event, stage_is
 from tests.workflows.test_node_remediation import make_fleet, run_with_status, wait_for
 from workflows.fleet_guard import FleetGuard
+from workflows.lease import LeaseGrant
 from workflows.node_remediation import NodeRemediation
 
 
@@ -149,3 +151,58 @@ async def test_kill_names_the_mig_instance(ts_env, uniq):
     [req] = n.requests["node.kill_gpu_processes"]
     assert req.gpus == [1] and not req.all_gpus
     assert [(t.gpu_index, t.gpu_instance_id, t.compute_instance_id) for t in req.mig] == [(1, 2, 0)]
+
+
+async def test_late_lease_grant_is_not_taken(ts_env, uniq):
+    """A grant that arrives after the lease was given back (a re-grant of a re-sent request) is not
+    a lease: a recurrence in probation asks the guard again and drains only as a holder (defect 12)."""
+    policy = default_policy()
+    policy.ladder.reset.return_timeout = policy.validation.soak = timedelta(seconds=1)  # polled in real time
+    fleet = make_fleet(ts_env, uniq, policy)
+    fleet.check_drain_lease = True
+    n = fleet.add(FakeNode(f"late-{uniq}", [event(48, "boot/1")], cured_by="reset"))
+    async with fleet.workers():
+        handle = await fleet.report(n.name)
+        await wait_for(lambda: stage_is(handle, "probation"), timeout=30)
+        first = (await handle.query(NodeRemediation.status)).run_ids[0]
+        await handle.signal("lease_granted", LeaseGrant(holder=handle.id, granted_at=datetime.now(UTC),
+                                                        request_id=f"{first}/1"))
+        assert not (await handle.query(NodeRemediation.status)).lease_held, "no lease without a request"
+        n.findings, n.faulty = [event(48, "boot/2")], True  # the fault comes back
+        await fleet.report(n.name)
+        result = await handle.result()
+    assert result.rungs == ["reset", "reboot"]
+    assert fleet.drained_without_lease == [], "every drain under a lease the guard knows of"
+
+
+async def test_failed_replacement_denylists_nothing(ts_env, uniq):
+    """The terminate did not take: the node stays quarantined for a person, and its hardware is not
+    refused anywhere meanwhile (defect 13: the denylist was written first)."""
+    fleet = make_fleet(ts_env, uniq)
+    n = fleet.add(FakeNode(f"norepl-{uniq}", [xid(54)], cured_by="none", fail={"cloud.replace"}))
+    result, _ = await run_with_status(fleet, n)
+    assert result.outcome == "quarantined" and "replacement failed" in result.reason
+    assert fleet.denylist == {}
+
+
+async def test_replacement_under_a_lifecycle_hook_is_replaced(ts_env, uniq):
+    fleet = make_fleet(ts_env, uniq)
+    n = fleet.add(FakeNode(f"hook-{uniq}", [xid(54)], cured_by="none", lifecycle_hook=True))
+    result, status = await run_with_status(fleet, n)
+    assert result.outcome == "replaced" and set(fleet.denylist) == {f"GPU-{n.name}-2", f"SN-{n.name}-1"}
+    assert any("Terminating:Wait" in a.detail for a in status.actions if a.step == "replace")
+
+
+async def test_replaced_node_is_not_replaced_again(ts_env, uniq):
+    """The terminated host's agent reports once more after the episode ended replaced: that report
+    starts nothing destructive, and the ledger and denylist hold one replacement (defect 14)."""
+    fleet = make_fleet(ts_env, uniq)
+    n = fleet.add(FakeNode(f"twice-{uniq}", [xid(54)], cured_by="none"))
+    async with fleet.workers():
+        first = await (await fleet.report(n.name)).result()
+        assert first.outcome == "replaced"
+        calls = len(n.calls)
+        second = await (await fleet.report(n.name)).result()  # the old host, 0.2 s after the terminate
+    assert second.outcome == "rejected" and "was replaced" in second.reason
+    assert not {"kube.quarantine", "kube.drain", "cloud.reboot", "cloud.replace", "node.reset_gpu"} & set(n.calls[calls:])
+    assert len(fleet.records) == 1 and len(fleet.denylist) == 2
