@@ -116,6 +116,7 @@ class LoadReport(_Strict):
     overhead_s: float = Field(default=0.0, description="Wall time not spent in the tests' own load (setup, checks, joins).")
     gpus: list[GpuLoadResult] = Field(default_factory=list)
     node_figures: dict[str, float] = Field(default_factory=dict, description="all_reduce busbw, nvbandwidth ...")
+    notes: list[str] = Field(default_factory=list, description="What the run could not cover, and why.")
     findings: list[Finding] = Field(default_factory=list)
 
 
@@ -158,5 +159,6 @@ def describe(report: LoadReport) -> str:
         lines.append(f"{g.index} {g.serial or g.uuid} {fig(g, 'tflops_sustained')} {fig(g, 'hbm_read_tbps', '.2f')} "
                      f"{fig(g, 'hbm_mismatches')} {fig(g, 'd2d_tbps', '.2f')} {fig(g, 'h2d_gbps')}/{fig(g, 'd2h_gbps')}/"
                      f"{fig(g, 'peer_gbps_min')}" + (f" FAILED {','.join(g.failed)}" if g.failed else ""))
-    lines += [f"{name} {value:.3g}" for name, value in sorted(report.node_figures.items()) if name != "watch_notes"]
+    lines += [f"{name} {value:.3g}" for name, value in sorted(report.node_figures.items())]
+    lines += [f"note: {n}" for n in report.notes]
     return "\n".join(lines)
