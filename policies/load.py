@@ -87,9 +87,6 @@ class LoadTestPolicy(_Strict):
     degraded_fraction: float = Field(default=0.9, gt=0, le=1, description="Below this share of the SKU's fleet median is degraded.")
     min_nodes_for_median: int = Field(default=5, ge=1, description="Nodes of a SKU measured before its median replaces the floors.")
     floors: dict[str, SkuFloors] = Field(default_factory=_default_floors, description="Shipped floors per GPU product name.")
-    suspect_interval: Duration = Field(
-        default=timedelta(hours=1),
-        description="A node's suspect report is refused this soon after its last episode ended (rate limit per node).")
 
     def tier(self, name: str) -> LoadTier:
         if name not in ("quick", "repair", "admission"):
