@@ -127,6 +127,7 @@ class RemediationState(BaseModel):
     lease_held: bool = False
     lease_requests: int = Field(default=0, description="Lease requests made: each new one gets the next id.")
     lease_request_id: str = Field(default="", description="The outstanding request's id (its grant must echo it).")
+    stray_grants: int = Field(default=0, description="Grants ignored: not for the request outstanding (late, duplicate).")
     guard_notified: bool = False
     validations: int = 0
     detect_to_cordon_ms: int | None = None
