@@ -172,7 +172,7 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
         if s.admission == "deferred":
             return f"room to quarantine: {s.admission_reason}"
         if s.awaiting_approval is not None:
-            return f"approval to {s.awaiting_approval.value} (gpuheal approve {self.node})"
+            return f"approval to {s.awaiting_approval.value} (gpuheal approve {self.node} {s.awaiting_approval.value})"
         if s.lease_requested and not s.lease_held:
             return "a disruption lease from the fleet guard"
         if s.stage is Stage.PROBATION:
