@@ -308,6 +308,8 @@ class RemediationRecord(BaseModel):
     phases: dict[str, float] = Field(default_factory=dict, description="Seconds per phase (workflows/outcome.py).")
     pods: list[InterruptedPod] = Field(default_factory=list, description="Pods the episode interrupted.")
     finding: Finding | None = Field(default=None, description="The finding that set the first rung (what-if replays it).")
+    validations: dict[str, int] = Field(default_factory=dict, description="Validation runs: passed and failed.")
+    agent_missing: bool = Field(default=False, description="A node-local step found no agent on the node.")
     sku: str | None = None
     profile: str | None = None
 

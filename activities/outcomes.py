@@ -108,6 +108,13 @@ def count_outcome(meter, r: c.RemediationRecord, repeats: dict[int, int]) -> Non
     pods = meter.create_counter("gpuheal_pod_interruptions", "pods an episode interrupted, by attribution")
     for attribution, n in Counter(p.attribution for p in r.pods).items():
         pods.add(n, {"attribution": attribution})
+    checks = meter.create_counter("gpuheal_validations", "validation runs of ended episodes, by SKU and result")
+    for result, n in r.validations.items():
+        if n:
+            checks.add(n, {"sku": r.sku or "unknown", "result": result})
+    if r.agent_missing:
+        meter.create_counter("gpuheal_agent_missing_episodes", "episodes that found no agent on their node").add(
+            1, {"fault_class": fault, "sku": r.sku or "unknown"})
     again = meter.create_counter("gpuheal_repeat_failures",
                                  "platform episodes on hardware remediated within the window before")
     for days, n in repeats.items():

@@ -87,9 +87,6 @@ class LoadTestPolicy(_Strict):
     degraded_fraction: float = Field(default=0.9, gt=0, le=1, description="Below this share of the SKU's fleet median is degraded.")
     min_nodes_for_median: int = Field(default=5, ge=1, description="Nodes of a SKU measured before its median replaces the floors.")
     floors: dict[str, SkuFloors] = Field(default_factory=_default_floors, description="Shipped floors per GPU product name.")
-    suspect_interval: Duration = Field(
-        default=timedelta(hours=1),
-        description="A node's suspect report is refused this soon after its last episode ended (rate limit per node).")
 
     def tier(self, name: str) -> LoadTier:
         if name not in ("quick", "repair", "admission"):
@@ -116,6 +113,7 @@ class LoadReport(_Strict):
     overhead_s: float = Field(default=0.0, description="Wall time not spent in the tests' own load (setup, checks, joins).")
     gpus: list[GpuLoadResult] = Field(default_factory=list)
     node_figures: dict[str, float] = Field(default_factory=dict, description="all_reduce busbw, nvbandwidth ...")
+    notes: list[str] = Field(default_factory=list, description="What the run could not cover, and why.")
     findings: list[Finding] = Field(default_factory=list)
 
 
@@ -158,5 +156,6 @@ def describe(report: LoadReport) -> str:
         lines.append(f"{g.index} {g.serial or g.uuid} {fig(g, 'tflops_sustained')} {fig(g, 'hbm_read_tbps', '.2f')} "
                      f"{fig(g, 'hbm_mismatches')} {fig(g, 'd2d_tbps', '.2f')} {fig(g, 'h2d_gbps')}/{fig(g, 'd2h_gbps')}/"
                      f"{fig(g, 'peer_gbps_min')}" + (f" FAILED {','.join(g.failed)}" if g.failed else ""))
-    lines += [f"{name} {value:.3g}" for name, value in sorted(report.node_figures.items()) if name != "watch_notes"]
+    lines += [f"{name} {value:.3g}" for name, value in sorted(report.node_figures.items())]
+    lines += [f"note: {n}" for n in report.notes]
     return "\n".join(lines)

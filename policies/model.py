@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from policies.durations import Duration
 from policies.findings import FindingKind, RecoveryAction
-from policies.load import LoadTestPolicy
+from policies.load import LoadTestPolicy, SkuFloors
 
 
 class Rung(StrEnum):
@@ -425,5 +425,8 @@ class NodeProfile(_Strict):
     ladder: LadderOverride = Field(default_factory=LadderOverride, description="Per-rung changes on these nodes.")
     finding_rungs: dict[FindingKind, Rung] = Field(default_factory=dict,
                                                    description="Starting rung per finding kind on these nodes.")
+    load_floors: dict[str, SkuFloors] = Field(
+        default_factory=dict, description="Load-test floors per GPU product on these nodes (over `validation.load.floors`), "
+                                          "judged in every validation tier.")
     mode: Literal["act", "dry_run", "observe"] = Field(
         default="act", description="act; dry_run: record what would be done; observe: detect and record only, never cordon.")

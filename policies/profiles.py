@@ -113,6 +113,9 @@ def for_node(policy: Policy, profile_name: str | None) -> Policy:
         rung: getattr(policy.ladder, rung).model_copy(update=override.model_dump(exclude_none=True))
         for rung, override in profile.ladder if override is not None})
     triage = policy.triage.model_copy(update={"finding_rungs": {**policy.triage.finding_rungs, **profile.finding_rungs}})
+    load = policy.validation.load
+    validation = policy.validation.model_copy(update={"load": load.model_copy(
+        update={"floors": {**load.floors, **profile.load_floors}})})
     return policy.model_copy(update={
-        "name": f"{policy.name}/{profile_name}", "ladder": ladder, "triage": triage,
+        "name": f"{policy.name}/{profile_name}", "ladder": ladder, "triage": triage, "validation": validation,
         "dry_run": policy.dry_run or profile.mode == "dry_run", "observe": policy.observe or profile.mode == "observe"})

@@ -40,8 +40,9 @@ def _profile_rows(cls: type[BaseModel], prefix: str) -> list[str]:
     rows = []
     for name, info in cls.model_fields.items():
         key = f"{prefix}{name}"
-        sub = next((a for a in (info.annotation, *getattr(info.annotation, "__args__", ()))
-                    if isinstance(a, type) and issubclass(a, BaseModel)), None)
+        sub = None if getattr(info.annotation, "__origin__", None) is dict else next(
+            (a for a in (info.annotation, *getattr(info.annotation, "__args__", ()))
+             if isinstance(a, type) and issubclass(a, BaseModel)), None)
         default = ("(section)" if sub is not None else "(required)" if info.is_required()
                    else _show(info.get_default(call_default_factory=True)))
         rows.append(f"| `{key}` | {default} | {(info.description or '').replace('|', '/')} |")

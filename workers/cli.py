@@ -275,9 +275,13 @@ def cmd_whatif(args) -> int:
                 args.from_ledger, model.durations if model else None)
             for note in notes:
                 print(f"gpuheal whatif: {note}", file=sys.stderr)
-        workload = load_workload(args.workload) if args.workload else None
-        outcomes = run_whatif(model, policies, args.nodes, args.days, args.seed,
-                              on_progress=ProgressBar(policies), jobs=args.jobs, workload=workload, faults=faults)
+        workloads = [load_workload(w) for w in args.workloads or []]
+        bars = ProgressBar(policies)
+        try:
+            outcomes = run_whatif(model, policies, args.nodes, args.days, args.seed,
+                                  on_progress=bars, jobs=args.jobs, workloads=workloads, faults=faults)
+        finally:
+            bars.close()
     except (FaultModelError, PolicyError, WorkloadError) as err:
         for problem in err.problems:
             print(f"{err.source}: {problem}", file=sys.stderr)
@@ -291,7 +295,7 @@ def cmd_whatif(args) -> int:
         plot(outcomes, args.plot)
     if args.json:
         _print_json({"model": model.name, "nodes": args.nodes, "days": args.days, "seed": args.seed,
-                     "workload": args.workload, "from_ledger": args.from_ledger,
+                     "workloads": args.workloads or [], "from_ledger": args.from_ledger,
                      "policies": [o.model_dump(mode="json") for o in outcomes]})
     else:
         print(f"{model.name}: {args.nodes} nodes, {args.days:g} days, seed {args.seed}")
@@ -470,8 +474,9 @@ def cmd_guard_update(args) -> int:
         except ValueError as err:
             return _fail(f"gpuheal resume: --for {args.for_!r}: {err}")
         return _operator(args, lambda c: op.lift_gates(c, args.cluster, args.leases, span))
-    extra = [args.reason] if args.command == "pause" else []
-    return _operator(args, lambda c: op.guard_update(c, args.cluster, args.command, *extra))
+    if args.command == "pause":
+        return _operator(args, lambda c: op.guard_update(c, args.cluster, "pause", args.reason, c.identity))
+    return _operator(args, lambda c: op.guard_update(c, args.cluster, args.command))
 
 
 def cmd_guard(args) -> int:

@@ -139,9 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     whatif.add_argument("--json", action="store_true")
     whatif.add_argument("--plot", metavar="OUT.png", help="draw availability over time and node-hours lost by cause")
     whatif.add_argument("--jobs", type=int, default=None, help="policies run at once, one process each (default: cores)")
-    whatif.add_argument("--workload", metavar="WORKLOAD",
+    whatif.add_argument("--workload", action="append", dest="workloads", metavar="WORKLOAD",
                         help="jobs on the fleet (YAML, or shipped: llama3-pretrain, training, training-checkpointed): "
-                             "job success, ETTR, goodput lost per policy")
+                             "job success, ETTR, goodput lost per policy; again for another on the same outages")
     whatif.add_argument("--from-ledger", metavar="FILE",
                         help="replay the faults of a `gpuheal outcomes --json` export instead of drawing them")
     whatif.set_defaults(func=cli.cmd_whatif)

@@ -11,6 +11,8 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client, WorkflowHandle
 
+from activities.contracts import NODE_VALIDATE, ValidationResult
+from policies.load import describe
 from workflows.remediation_types import RemediationResult
 
 _DONE = {
@@ -34,12 +36,28 @@ def _summary(client: Client, event: HistoryEvent) -> str:
     return _text(client, event.user_metadata.summary) if event.user_metadata.HasField("summary") else ""
 
 
-def _result_text(client: Client, attrs, ok: bool) -> str:
+def _result_text(client: Client, attrs, ok: bool, name: str = "") -> str:
     if not ok:
         failure = getattr(attrs, "failure", None)
         return failure.message if failure is not None and failure.message else "timed out"
     payloads = attrs.result.payloads
+    if payloads and name == NODE_VALIDATE:
+        return _validation_text(client, payloads[0])
     return _text(client, payloads[0])[:DETAIL_LIMIT] if payloads else ""
+
+
+def _validation_text(client: Client, payload) -> str:
+    """A validation in full: what failed (each finding names its GPU and test) and every figure the
+    load test measured, one line per GPU."""
+    try:
+        r = client.data_converter.payload_converter.from_payload(payload, ValidationResult)
+    except Exception:  # noqa: BLE001 - an undecodable payload is shown as such, not a failed listing
+        return "<undecodable>"
+    lines = ["passed" if r.passed else "failed: " + ", ".join(f.label() for f in r.findings)]
+    lines += [f.message for f in r.findings if f.gpu_index is not None or f.kind.value == "probe_broken"][:16]
+    if r.load is not None:
+        lines.append(describe(r.load))
+    return "\n".join(lines) + f" ({', '.join(r.checks)})"
 
 
 async def closed_episode(client: Client, handle: WorkflowHandle) -> dict:
@@ -60,7 +78,7 @@ async def closed_episode(client: Client, handle: WorkflowHandle) -> dict:
             attrs = getattr(event, field)
             step = scheduled.pop(attrs.scheduled_event_id, None)
             if step is not None:
-                steps.append({**step, "ok": ok, "detail": _result_text(client, attrs, ok)})
+                steps.append({**step, "ok": ok, "detail": _result_text(client, attrs, ok, step["step"])})
         elif kind == EventType.EVENT_TYPE_TIMER_STARTED:
             steps.append({"at": at, "step": "timer", "summary": _summary(client, event) or "timer",
                           "ok": True, "detail": None})

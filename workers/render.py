@@ -29,7 +29,8 @@ def document(doc, output: str) -> str:
 def table(columns: list[str], rows: list[list], title: str | None = None) -> str:
     """A kubectl-style table: upper-case headers, no borders, two spaces between columns."""
     tty = sys.stdout.isatty()
-    console = Console(file=io.StringIO(), force_terminal=tty, no_color=not tty, width=None if tty else 10_000,
+    # Never cut to the terminal width (kubectl lets a long row wrap instead).
+    console = Console(file=io.StringIO(), force_terminal=tty, no_color=not tty, width=10_000,
                       highlight=False)
     t = Table(*[c.upper() for c in columns], box=None, pad_edge=False, padding=(0, 2, 0, 0),
               header_style="bold" if tty else "", title=title, title_justify="left", show_edge=False)

@@ -102,8 +102,11 @@ class FleetGuard(GuardBooks):
         self._wake = True
 
     @workflow.update
-    def pause(self, reason: str = "") -> GuardStatus:
-        self.s.paused, self.s.pause_reason = True, reason or "paused by operator"
+    def pause(self, reason: str = "", by: str = "") -> GuardStatus:
+        """`by`: who paused (the CLI sends its identity); kept with the reason, which every waiter's
+        status and `gpuheal guard` show."""
+        reason = reason or "paused by operator"
+        self.s.paused, self.s.pause_reason = True, f"{reason} (by {by})" if by else reason
         return self.status()
 
     @workflow.update
@@ -177,7 +180,7 @@ class FleetGuard(GuardBooks):
             await self._answer()
             await self._grant()
             metrics.guard_state(inp.cluster, len(self.s.holders), self._budget(), len(self.s.waiters),
-                                self.s.breaker_open)
+                                self.s.breaker_open, **metrics.fleet_figures(self.s, workflow.now()))
             if workflow.info().is_continue_as_new_suggested():
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(GuardInput(cluster=inp.cluster, policy=self.policy, state=self.s))

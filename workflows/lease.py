@@ -12,6 +12,7 @@ from temporalio.exceptions import FailureError
 
 with workflow.unsafe.imports_passed_through():
     from activities import contracts as c
+    from policies.durations import format_duration
     from workflows.episode import Episode
     from workflows.remediation_types import PATCH_LEASE_REQUEST_IDS, Outcome
     from workflows.report_intake import fault_cleared
@@ -161,6 +162,7 @@ class GuardClient(Episode):
             await self._signal_guard(GUARD_SIGNAL_REQUEST, self._lease_request(), started=self.s.guard_notified)
             self.s.lease_requested = True
         self._set_details("waiting for a disruption lease from the fleet guard")
+        asked = workflow.now()
         every = self.policy.guard.holder_check_interval
         while self._guard_admission():
             # The request is sent again now and then: a guard started afresh learns its waiters back.
@@ -176,7 +178,10 @@ class GuardClient(Episode):
                     every = min(every * 2, self.policy.guard.holder_check_interval * RESEND_BACKOFF_CAP)
         await workflow.wait_condition(lambda: self.s.lease_held or self._steered())
         if self.s.lease_held:
-            self._record("lease", f"disruption lease for {self.node}", True)
+            waited = workflow.now() - asked
+            # How long the fleet held it back is part of the runbook (a pause, the budget, a storm).
+            self._record("lease", f"disruption lease for {self.node}", True,
+                         f"after waiting {format_duration(waited)}" if waited >= timedelta(seconds=1) else "")
 
     async def _release_lease(self, outcome: str | None = None) -> None:
         if not (self.s.lease_held or self.s.lease_requested):

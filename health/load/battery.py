@@ -37,7 +37,7 @@ def run_battery(open_devices: Opener, nv, policy: LoadTestPolicy, tier_name: str
 
     def broken(why: str) -> LoadReport:
         report.findings.append(Finding(kind="probe_broken", message=f"load test ({tier_name}) could not run: {why}"))
-        report.wall_s = time.monotonic() - began
+        report.wall_s, report.passed = time.monotonic() - began, False
         return report
 
     try:
@@ -66,7 +66,7 @@ def run_battery(open_devices: Opener, nv, policy: LoadTestPolicy, tier_name: str
                 for i, gbps in slowest.items():
                     results[i].figures["peer_gbps_min"] = gbps
                 if unreachable:
-                    report.node_figures["peer_pairs_unreachable"] = float(len(unreachable))
+                    report.notes.append(f"no peer access between GPUs {', '.join(unreachable)}")
             tested_s = time.monotonic() - t0
             watch.sample()
             for d in devs:
@@ -83,7 +83,7 @@ def run_battery(open_devices: Opener, nv, policy: LoadTestPolicy, tier_name: str
             results[i].figures.update(watch.figures(w))
             for test, reasons in watch.verdict(w, policy.fail_clock_reasons).items():
                 why[i][test] = "; ".join(reasons)
-        report.node_figures["watch_notes"] = float(len(watch.notes))
+        report.notes += watch.notes
         t1 = time.monotonic()
         if tier.tools:
             _external(report, devs, why, tool_names or {}, tier, deadline)
@@ -105,7 +105,7 @@ def run_battery(open_devices: Opener, nv, policy: LoadTestPolicy, tier_name: str
     report.overhead_s = max(report.wall_s - tested_s, 0.0)
     report.passed = not report.findings
     if _past(deadline):
-        return broken(f"past the tier's deadline of {tier.time_limit}")
+        return broken(f"past the tier's time limit of {tier.time_limit}")
     return report
 
 

@@ -34,7 +34,7 @@ def run_compute(dev: GpuDevice, n: int, dtype: str, duration_s: float, abft_ever
     why = None
     while dev.now() - start < duration_s and why is None:
         if past_deadline():
-            raise TimeoutError("compute: the tier's deadline passed")
+            raise TimeoutError("compute: the tier's time limit passed")
         t0 = dev.now()
         for _ in range(BATCH):
             c = dev.product(a, b)

@@ -23,7 +23,7 @@ def run_memory(dev: GpuDevice, fraction: float, passes: int,
         for p in range(passes):
             for invert in (False, True):
                 if past_deadline():
-                    raise TimeoutError("memory: the tier's deadline passed")
+                    raise TimeoutError("memory: the tier's time limit passed")
                 seed = 0x5EED0000 + p
                 t0 = dev.now()
                 for s in range(0, buf.size, chunk):

@@ -96,7 +96,7 @@ class PolicyOutcome(BaseModel):
     failed_again_7d: int = Field(default=0, description="Repaired nodes with another platform episode within 7 days.")
     failed_again_30d: int = 0
     node_hours_lost_by_phase: dict[str, float] = Field(default_factory=dict)
-    jobs: JobOutcome | None = Field(default=None, description="The workload's jobs on this run's outages (--workload).")
+    jobs: list[JobOutcome] = Field(default_factory=list, description="Each workload's jobs on this run's outages.")
 
 
 def _quiet_runtime() -> Runtime:
@@ -115,7 +115,7 @@ def _p95(values: list[float]) -> float | None:
     return v[min(len(v) - 1, int(round(0.95 * (len(v) - 1))))]
 
 
-def summarize(fleet: WhatIfFleet, label: str, days: float, workload: WorkloadModel | None = None) -> PolicyOutcome:
+def summarize(fleet: WhatIfFleet, label: str, days: float, workloads: list[WorkloadModel] = ()) -> PolicyOutcome:
     """Every figure from the slots' out-of-service intervals and the stand-ins' counts, rounded so
     that the sub-second jitter of a real-time run never shows."""
     end = days * 86400.0
@@ -144,8 +144,9 @@ def summarize(fleet: WhatIfFleet, label: str, days: float, workload: WorkloadMod
     k = fleet.calls
     p95 = _p95(returns)
     books = figures(fleet.records)
-    jobs = None if workload is None else simulate_jobs(workload, fleet_outages(fleet, fleet.policy), fleet.nodes_count,
-                                                       days, fleet.model.durations.detect.total_seconds())
+    outages = fleet_outages(fleet, fleet.policy) if workloads else []
+    jobs = [simulate_jobs(w, outages, fleet.nodes_count, days, fleet.model.durations.detect.total_seconds())
+            for w in workloads]
     return PolicyOutcome(
         policy=label, nodes=fleet.nodes_count, days=days,
         availability=round(1 - lost / total_h, 6), node_hours=round(total_h, 1), node_hours_lost=round(lost, 1),
@@ -162,7 +163,7 @@ def summarize(fleet: WhatIfFleet, label: str, days: float, workload: WorkloadMod
 
 
 async def simulate_policy(model: FaultModel, policy_arg: str, nodes: int, days: float, seed: int,
-                          progress=None, count_events: bool = False, workload: WorkloadModel | None = None,
+                          progress=None, count_events: bool = False, workloads: list[WorkloadModel] = (),
                           faults: list[FaultDraw] | None = None) -> PolicyOutcome:
     """One policy against the model's faults (or `faults`, a ledger's replayed) on a fresh time-skipping server."""
     started = time.monotonic()
@@ -201,7 +202,7 @@ async def simulate_policy(model: FaultModel, policy_arg: str, nodes: int, days: 
                         f"{STALL_S:.0f} s: a workflow no longer gets tasks (a timer and a signal at one "
                         "instant; see sim/whatif/clock.off_grid); run again with another --seed") from None
             await handle.result()
-            out = summarize(fleet, label, days, workload)
+            out = summarize(fleet, label, days, list(workloads))
             if count_events:
                 out.events_per_episode = await _events_per_episode(env, fleet)
             await fleet.stop_workers()
@@ -221,16 +222,16 @@ async def _events_per_episode(env: WorkflowEnvironment, fleet: WhatIfFleet) -> f
 
 
 def _child(model_json: str, policy_arg: str, nodes: int, days: float, seed: int, index: int, shared, results,
-           count_events: bool, workload_json: str | None = None, faults_json: str | None = None) -> None:
+           count_events: bool, workloads_json: str = "[]", faults_json: str | None = None) -> None:
     def progress(frac: float) -> None:
         shared[index] = frac
     os.setpgrp()  # its own process group, with its test server: the parent can stop both (_stop)
     os.dup2(2, 1)  # the parent's stdout is for its table or JSON document
     try:
         model = FaultModel.model_validate_json(model_json)
-        workload = WorkloadModel.model_validate_json(workload_json) if workload_json else None
+        workloads = [WorkloadModel.model_validate(w) for w in json.loads(workloads_json)]
         faults = [FaultDraw.model_validate(f) for f in json.loads(faults_json)] if faults_json else None
-        out = asyncio.run(simulate_policy(model, policy_arg, nodes, days, seed, progress, count_events, workload, faults))
+        out = asyncio.run(simulate_policy(model, policy_arg, nodes, days, seed, progress, count_events, workloads, faults))
         results.put((index, out.model_dump_json(), None))
     except BaseException as err:  # noqa: BLE001 - said by the parent, with the policy's name
         results.put((index, None, f"{type(err).__name__}: {err}"))
@@ -243,7 +244,7 @@ def _child(model_json: str, policy_arg: str, nodes: int, days: float, seed: int,
 
 def run_whatif(model: FaultModel, policies: list[str], nodes: int, days: float, seed: int,
                on_progress=None, count_events: bool = False, jobs: int | None = None,
-               workload: WorkloadModel | None = None, faults: list[FaultDraw] | None = None) -> list[PolicyOutcome]:
+               workloads: list[WorkloadModel] = (), faults: list[FaultDraw] | None = None) -> list[PolicyOutcome]:
     """Every policy, each in its own process, at most `jobs` (default: the cores) at once."""
     for arg in policies:
         resolve_policy(arg)  # a bad policy file is refused before anything starts
@@ -256,10 +257,11 @@ def run_whatif(model: FaultModel, policies: list[str], nodes: int, days: float, 
     done: dict[int, PolicyOutcome] = {}
     errors: list[str] = []
     model_json = model.model_dump_json()
-    if workload is not None and workload.nodes_needed > nodes:
-        raise WhatIfError(f"workload {workload.name} needs {workload.nodes_needed} nodes (its gangs and spare_nodes), "
-                          f"the fleet has {nodes}")
-    extra = (workload.model_dump_json() if workload else None,
+    for w in workloads:
+        if w.nodes_needed > nodes:
+            raise WhatIfError(f"workload {w.name} needs {w.nodes_needed} nodes (its gangs and spare_nodes), "
+                              f"the fleet has {nodes}")
+    extra = (json.dumps([w.model_dump(mode="json") for w in workloads]),
              json.dumps([f.model_dump() for f in faults]) if faults is not None else None)
     try:
         while pending or running:

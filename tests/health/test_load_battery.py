@@ -111,7 +111,7 @@ def test_past_its_deadline_is_probe_broken():
     policy = LoadTestPolicy()  # 30 s of simulated GEMM per GPU cannot finish in 50 ms of wall clock
     policy.quick.time_limit = policy.quick.time_limit / 3600
     r = battery(SimulatedNvml("n7", gpus=2), policy=policy)
-    assert not r.passed and r.findings[0].kind.value == "probe_broken" and "deadline" in r.findings[0].message
+    assert not r.passed and r.findings[0].kind.value == "probe_broken" and "time limit passed" in r.findings[0].message
 
 
 def test_gpus_subset():
@@ -154,3 +154,13 @@ def test_dcgm_run_by_the_tier_names_the_failing_gpu(tmp_path: Path):
     r = battery(SimulatedNvml("n9", gpus=2), policy=policy, tool_names={"dcgmi": str(dcgmi)})
     assert "dcgm-r2" in r.tests and [(f.gpu_index, f.kind.value) for f in r.findings] == [(1, "load_test_failed")]
     assert "dcgm under load (quick tier) on GPU 1" in r.findings[0].message and "Memory: Fail" in r.findings[0].message
+
+
+def test_a_run_that_ends_past_its_time_limit_fails_even_when_every_test_passed(monkeypatch):
+    import health.load.battery as b
+
+    monkeypatch.setattr(b, "_one_gpu", lambda dev, policy, tier, deadline: ({}, {}, None))  # every test "passed"
+    monkeypatch.setattr(b, "_past", lambda deadline: True)  # ... but the clock ran out
+    r = battery(SimulatedNvml("n10", gpus=2))
+    assert not r.passed and [f.kind.value for f in r.findings] == ["probe_broken"]
+    assert "past the tier's time limit of 0:00:10" in r.findings[0].message

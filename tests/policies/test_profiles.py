@@ -78,8 +78,11 @@ def test_for_node_applies_ladder_overrides_and_mode():
     p = policy_from_mapping({"profiles": {
         "careful": {"ladder": {"reboot": {"requires_approval": True}}, "finding_rungs": {"nic_ports_down": "reset"},
                     "mode": "dry_run"},
-        "watch": {"mode": "observe"}}})
+        "watch": {"mode": "observe", "load_floors": {"NVIDIA H200": {"tflops_sustained": 600}}}}})
     careful = for_node(p, "careful")
+    watch = for_node(p, "watch")
+    assert watch.validation.load.floors["NVIDIA H200"].tflops_sustained == 600 and p.validation.load.floors["NVIDIA H200"].tflops_sustained == 530
+    assert watch.validation.load.floors["NVIDIA H100 80GB HBM3"] == p.validation.load.floors["NVIDIA H100 80GB HBM3"]
     assert careful.ladder.reboot.requires_approval and careful.ladder.reboot.retries == p.ladder.reboot.retries
     assert careful.triage.finding_rungs["nic_ports_down"] == "reset" and careful.dry_run and not careful.observe
     assert careful.name == "default/careful"

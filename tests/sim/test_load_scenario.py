@@ -44,16 +44,16 @@ async def test_load_faults_are_found_under_load_and_climb_the_ladder_only_when_t
     }
     # The finding names the GPU and the test; only that GPU's ids are denylisted.
     steps = [s for e in seen["gpu-node-0"] for s in e["steps"]]
-    first = next(s for s in steps if s["step"] == "validate")
-    assert "suspect" in first["summary"] and "repair load test" in first["summary"] and not first["ok"]
+    first = next(s for s in steps if s["step"] == "node.validate")
+    assert "suspect" in first["summary"] and "repair load test" in first["summary"]
     assert "compute under load (repair tier) on GPU 3 (GPU-gpu-node-0-03, serial SN-gpu-node-0-1)" in first["detail"]
     assert set(seen["denied"]) == {"GPU-gpu-node-0-03"}
     # A degraded GPU names its figure against its kind.
     steps = [s for e in seen["gpu-node-1"] for s in e["steps"]]
-    assert any("tflops_sustained" in s["detail"] and "GPU 5" in s["detail"] for s in steps if s["step"] == "validate")
+    assert any("tflops_sustained" in s["detail"] and "GPU 5" in s["detail"] for s in steps if s["step"] == "node.validate")
     # The healthy suspect's figures are in its history and in the ledger, per GPU serial.
     steps = [s for e in seen["gpu-node-5"] for s in e["steps"]]
-    (v,) = [s for s in steps if s["step"] == "validate"]
-    assert v["ok"] and "load repair passed" in v["detail"] and "SN-gpu-node-5-0" in v["detail"]
+    (v,) = [s for s in steps if s["step"] == "node.validate"]
+    assert v["detail"].startswith("passed") and "load repair passed" in v["detail"] and "SN-gpu-node-5-0" in v["detail"]
     assert {(r[0], r[2]) for r in seen["figures"]} == {("gpu-node-5", "repair")} and len(seen["figures"]) == 8
-    assert any(s["step"] == "return_to_service" or "uncordon" in s["summary"] for s in steps)
+    assert any(s["step"] == "kube.return_to_service" and s["ok"] for s in steps)

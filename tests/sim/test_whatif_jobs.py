@@ -132,7 +132,7 @@ def test_whatif_prints_job_success_and_ettr_per_policy(tmp_path):
     doc = json.loads(run.stdout)
     default, replace = doc["policies"]
     for p in (default, replace):
-        jobs = p["jobs"]
+        [jobs] = p["jobs"]
         assert jobs["interruptions_by_attribution"]["application"] >= 1
         assert jobs["jobs_ended"] > 0 and 0 < jobs["ettr"] < 1 and jobs["job_success_rate"] == 1.0
         assert p["mttr_h"] > 0

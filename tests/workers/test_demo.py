@@ -4,6 +4,7 @@ hand-sent report with a full episode, and SIGTERM ending every child it started.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import shlex
@@ -88,6 +89,7 @@ async def test_demo_keep_is_a_clean_playground_and_sigterm_ends_it(tmp_path):
                                         capture_output=True, text=True, timeout=60)
         assert shown.returncode == 0 and "reboot" in shown.stdout, (shown.stdout, shown.stderr)
         assert (tmp_path / ".gpuheal/dev-server.pid").exists(), "the demo records its dev server"
+        await outcomes_of_the_demo(tmp_path, env, node)
         kids = children(proc.pid)
         assert kids, "the demo runs its dev server as a child"
         proc.send_signal(signal.SIGTERM)
@@ -124,3 +126,31 @@ def test_a_leftover_dev_server_is_stopped_and_named(tmp_path, monkeypatch):
         other.kill()
     finally:
         server.kill()
+
+
+async def outcomes_of_the_demo(cwd: Path, env: dict, hand_sent: str) -> None:
+    """`gpuheal outcomes --json` reads the demo's ledger: every episode with its phases and the pods
+    it interrupted, attributed; `gpuheal whatif --from-ledger` replays that export."""
+    cli = [sys.executable, "-m", "workers.cli"]
+    run = await asyncio.to_thread(subprocess.run, [*cli, "outcomes", "--json", "--since", "1d"], cwd=cwd, env=env,
+                                  capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    doc = json.loads(run.stdout)
+    episodes = {e["node"]: e for e in doc["episodes_list"]}
+    assert {"gpu-node-1", "gpu-node-2", "gpu-node-3", hand_sent} <= set(episodes), sorted(episodes)
+    assert all(e["phases_s"] and e["finding"] for e in episodes.values()), episodes
+    app, platform = episodes["gpu-node-1"], episodes["gpu-node-2"]  # Xid 13 on infer-b's node; ECC on train-a's
+    assert app["attribution"] == "application" and app["out_of_service_h"] == 0
+    assert {(p["pod"].split("/")[-1], p["attribution"]) for p in app["pods"]} == {("infer-b-1", "application")}
+    assert platform["attribution"] == "platform" and platform["out_of_service_h"] > 0
+    assert ("train-a-0", "platform") in {(p["pod"].split("/")[-1], p["attribution"]) for p in platform["pods"]}
+    assert {"quarantine", "drain", "reset", "validation"} <= set(platform["phases_s"]), platform["phases_s"]
+    assert doc["pod_interruptions"]["application"] >= 1 and doc["pod_interruptions"]["platform"] >= 2
+    (cwd / "export.json").write_text(run.stdout)
+    replay = await asyncio.to_thread(subprocess.run, [*cli, "whatif", "--from-ledger", "export.json", "--json",
+                                                      "--policy", "default", "--policy", "replace-only"],
+                                     cwd=cwd, env=env, capture_output=True, text=True, timeout=240)
+    assert replay.returncode == 0, replay.stderr[-2000:]
+    default, replace = json.loads(replay.stdout)["policies"]
+    assert default["faults"] == replace["faults"] == len(episodes)
+    assert replace["replacements"] > default["replacements"]

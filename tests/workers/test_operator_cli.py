@@ -54,7 +54,8 @@ async def test_status_approve_history_report_pause(dev_env, uniq, tmp_path):
         r2 = await dev_env.client.get_workflow_handle(f"remediate/{other.name}", result_type=RemediationResult).result()
         assert (r2.fault_class, r2.rungs) == ("memory", ["reset"])
         paused = json.loads((await cli(address, "pause", "--reason", "driver rollout", "--json")).stdout)
-        assert paused["paused"] and paused["pause_reason"] == "driver rollout"
+        assert paused["paused"] and paused["pause_reason"].startswith("driver rollout (by ") and "@" in paused["pause_reason"], \
+            "who paused is kept with the reason"
         assert not json.loads((await cli(address, "resume", "--json")).stdout)["paused"]
         await fleet.stop_guard()
     missing = await cli(address, "history", f"ghost-{uniq}")

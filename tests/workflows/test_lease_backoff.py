@@ -46,3 +46,5 @@ async def test_a_paused_fleets_waiter_grows_its_history_by_a_bounded_number_per_
         await ts_env.sleep(timedelta(minutes=1))
         status = await handle.query(NodeRemediation.status)
         assert status.lease_held or status.rungs_tried, "resumed: the waiter gets its lease"
+        took = [a for a in status.actions if a.step == "lease" and a.ok]
+        assert took and took[-1].detail.startswith("after waiting 6h"), "the wait is in the runbook"
