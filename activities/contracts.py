@@ -314,3 +314,5 @@ class PolicySnapshot(BaseModel):
     sha256: str = Field(description="Hash of the policy's canonical JSON: two controllers with one file agree.")
     source: str = Field(default="", description="Where the controller loaded it from (a path, or 'default').")
     policy: Policy
+    cluster: str | None = Field(default=None, description="The controller's cluster: an episode's guard and budget "
+                                "(None: a controller from before says nothing, the start input's stands).")

@@ -73,7 +73,8 @@ def build_worker(client: Client, cfg: ControllerConfig) -> Worker:
         store = SqliteLedger(cfg.ledger)
     return controller_worker(client, cfg.task_queue,
                              controller_activities(kube, cloud, LedgerActivities(store), GuardActivities(client),
-                                                   PolicyActivities(cfg.policy or default_policy(), cfg.policy_source)),
+                                                   PolicyActivities(cfg.policy or default_policy(), cfg.policy_source,
+                                                                    cfg.cluster)),
                              cfg.max_concurrent_activities)
 
 

@@ -19,8 +19,10 @@ with workflow.unsafe.imports_passed_through():
         MAX_RUN_IDS_KEPT,
         PATCH_BOUNDED_STATE,
         PATCH_DO_NO_HARM,
+        PATCH_EPISODE_IDENTITY,
         PATCH_GUARD_ADMISSION,
         PATCH_LOCAL_CLUSTER_CALLS,
+        PATCH_TRUSTED_INTAKE,
         SA_NODE,
         SA_OUTCOME,
         SA_STAGE,
@@ -31,6 +33,12 @@ with workflow.unsafe.imports_passed_through():
         RemediationState,
         Stage,
     )
+
+
+def node_of(workflow_id: str, fallback: str) -> str:
+    """The node an episode's id names: `remediate/<node>`."""
+    prefix = c.remediation_workflow_id("")
+    return workflow_id[len(prefix):] if workflow_id.startswith(prefix) and len(workflow_id) > len(prefix) else fallback
 
 
 class Episode:
@@ -53,6 +61,14 @@ class Episode:
     def _no_harm(self) -> bool:
         """The do-no-harm rules (see PATCH_DO_NO_HARM)."""
         return workflow.patched(PATCH_DO_NO_HARM)
+
+    def _trusted_intake(self) -> bool:
+        """Reports cannot steer intake (see PATCH_TRUSTED_INTAKE)."""
+        return workflow.patched(PATCH_TRUSTED_INTAKE)
+
+    def _identity(self) -> bool:
+        """Node from the workflow id, cluster and history limit from the controller (PATCH_EPISODE_IDENTITY)."""
+        return workflow.patched(PATCH_EPISODE_IDENTITY)
 
     def _local_cluster_calls(self) -> bool:
         """Short cluster-side calls (cordon, pod marks, events, ledger, guard signals) run as local

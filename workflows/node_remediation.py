@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from temporalio import workflow
+from temporalio.common import RawValue
 
 with workflow.unsafe.imports_passed_through():
     from activities import contracts as c
@@ -16,6 +15,7 @@ with workflow.unsafe.imports_passed_through():
         policy_taken,
         take_controller_policy,
     )
+    from workflows.episode import node_of
     from workflows.lease import HOLDER_SIGNAL_GRANTED, HOLDER_SIGNAL_QUARANTINE, LeaseGrant, QuarantineAnswer
     from workflows.remediation_steps import RemediationSteps
     from workflows.remediation_types import (
@@ -43,17 +43,28 @@ class NodeRemediation(RungActions, RemediationSteps):
     def __init__(self, inp: RemediationInput) -> None:
         self.inp = inp
         self.policy = inp.policy
-        self.node = inp.node
+        # The node is the one the workflow id names (`remediate/<node>`), never what the start input says.
+        self.node = node_of(workflow.info().workflow_id, inp.node) if self._identity() else inp.node
         # Only a run this workflow continued carries state: a first run's input comes from whoever
         # sent the first report, and is never trusted with the episode's state.
         self.s = (inp.state if workflow.info().continued_run_id else None) or RemediationState()
 
     # --- handlers: agents signal, operators update, everyone queries --------------------------
     @workflow.signal
-    def report(self, raw: Any) -> None:
-        """A health report. Anything wrong with it is recorded and dropped: never a failed task."""
-        why = take_report(self.s, raw, node=self.node, generation=self.inp.generation, policy=self.policy,
-                          bounded=self._bounded, no_harm=self._no_harm)
+    def report(self, payload: RawValue) -> None:
+        """A health report. Anything wrong with it, an undecodable payload too, is recorded and
+        dropped: never a failed task (taken raw: the SDK would drop what it cannot decode with a log line)."""
+        try:
+            raw = workflow.payload_converter().from_payload(payload.payload)
+        except Exception as err:  # noqa: BLE001 - any bad payload is a rejection, not a task failure
+            if not self._trusted_intake():
+                workflow.logger.warning("dropped an undecodable report for %s: %s", self.node, err)
+                return
+            raw, why = payload.payload.data[:200], f"undecodable report: {type(err).__name__}: {str(err)[:200]}"
+        else:
+            why = take_report(self.s, raw, node=self.node, generation=self.inp.generation, policy=self.policy,
+                              bounded=self._bounded, no_harm=self._no_harm, trusted=self._trusted_intake,
+                              now_us=int(workflow.now().timestamp() * 10**6))
         if why is not None:
             record_rejection(self.s, why, raw, workflow.now())
             workflow.logger.warning("rejected report for %s: %s", self.node, why)
@@ -189,11 +200,16 @@ class NodeRemediation(RungActions, RemediationSteps):
         # Every patch is decided before the first local activity of a run: on replay, a patch
         # marker after a local activity's marker in one workflow task is a nondeterminism error.
         self._bounded(), self._no_harm(), self._local_cluster_calls(), self._guard_admission()
+        self._trusted_intake(), self._identity()
         if workflow.info().continued_run_id and self.s.policy_sha256:
             return
         snap = await take_controller_policy(self.node)
         trusted = {"policy": snap.policy, "state": None, "expected_gpus": None,
                    "guard_task_queue": workflow.info().task_queue}
+        if self._identity():
+            # The controller's cluster (so its guard and budget) and history limit, not the sender's.
+            trusted |= {"node": self.node, "history_limit": snap.policy.history_limit,
+                        "cluster": snap.cluster or self.inp.cluster}
         ignored = ignored_fields(self.inp, trusted) if not workflow.info().continued_run_id else []
         self.inp = self.inp.model_copy(update=trusted)
         self.policy = snap.policy

@@ -36,6 +36,12 @@ PATCH_BOUNDED_STATE = "bounded-state"
 # The guard admits quarantine (at most max_unhealthy cordoned), hears every ending, and lease
 # requests are re-sent while waiting (issue: never wedged).
 PATCH_GUARD_ADMISSION = "guard-admission"
+# Reports cannot steer intake: an undecodable one is recorded as rejected, a sequence is clamped to
+# the workflow's clock (one far ahead is rejected), a boot is retired only by the reboot the episode
+# asked for, and a report whose events were all heard is a duplicate (issue 22: 7, 9, 15d).
+PATCH_TRUSTED_INTAKE = "trusted-intake"
+# The node comes from the workflow id, the cluster and the history limit from the controller (issue 22: 9).
+PATCH_EPISODE_IDENTITY = "episode-identity"
 MAX_ACTIONS_KEPT = 200
 MAX_SEQ_SENDERS_KEPT = 32
 MAX_RUN_IDS_KEPT = 50

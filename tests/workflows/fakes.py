@@ -241,7 +241,10 @@ class FakeFleet:
     @activity.defn(name=c.POLICY_CURRENT)
     async def current_policy(self, req: c.PolicyRequest) -> c.PolicySnapshot:
         """The controller's policy: whatever the test set on the fleet, read at each episode's start."""
-        return PolicyActivities(self.policy, "test").snapshot
+        policy = self.policy
+        if self.history_limit is not None:  # the limit is the controller's policy's, never a sender's
+            policy = policy.model_copy(update={"history_limit": self.history_limit})
+        return PolicyActivities(policy, "test", self.cluster).snapshot
 
     # --- guard: the real activities against the server, slowed or failed on demand -------------
     @activity.defn(name=c.GUARD_LIVE_HOLDERS)
