@@ -26,13 +26,17 @@ NODE_KILL = "node.kill_gpu_processes"
 NODE_RESET = "node.reset_gpu"
 NODE_VALIDATE = "node.validate"
 NODE_GPU_PODS = "node.gpu_pods"
+NODE_HARDWARE_IDS = "node.hardware_ids"
 LEDGER_RECORD = "ledger.record"
 LEDGER_COUNT_RECENT = "ledger.count_recent"
 LEDGER_DENYLIST = "ledger.denylist"
 LEDGER_CHECK_DENIED = "ledger.check_denied"
+LEDGER_ADMIT = "ledger.admit"
+LEDGER_ADMITTED = "ledger.admitted"
 GUARD_SIGNAL = "guard.signal"
 GUARD_LIVE_HOLDERS = "guard.live_holders"
 GUARD_RUNNING_EPISODES = "guard.running_episodes"
+GUARD_RUNNING_HOLDERS = "guard.running_holders"
 POLICY_CURRENT = "policy.current"
 
 DEFAULT_TASK_QUEUE = "gpuheal"  # the controller's queue: workflows and cluster-side activities
@@ -106,6 +110,8 @@ class NodeCheckResult(BaseModel):
     exists: bool
     ours: bool = Field(description="The node matches the controller's GPU node selector (or there is none).")
     reason: str = ""
+    quarantined: str | None = Field(default=None, description="The value of gpuheal's quarantine taint (the fault "
+                                    "class) when the node carries it: an earlier episode left it for a person.")
 
 
 UNAFFECTED = "unaffected"  # the attribution mark of a pod whose GPUs did not fail
@@ -227,6 +233,17 @@ class GpuPodsResult(BaseModel):
                                            description="'uid:<pod uid>' -> the GPUs its processes run on.")
 
 
+class HardwareIdsRequest(_Request):
+    pass
+
+
+class HardwareIdsResult(BaseModel):
+    """The node's own GPU ids, read by its agent (NVML): what admission checks, never a sender's claim."""
+
+    hardware_ids: list[str] = Field(default_factory=list, description="GPU UUIDs and serials, sorted.")
+    gpus: int = 0
+
+
 # --- ledger -------------------------------------------------------------------------------------
 class RemediationRecord(BaseModel):
     node: str
@@ -262,6 +279,21 @@ class CheckDeniedRequest(BaseModel):
 
 class CheckDeniedResult(BaseModel):
     denied: dict[str, str] = Field(default_factory=dict, description="id -> reason it was denied.")
+
+
+class AdmitRequest(BaseModel):
+    """A node admitted with this hardware: a later admission of the same node and hardware is a re-start."""
+
+    node: str
+    hardware_ids: list[str]
+
+
+class AdmittedRequest(BaseModel):
+    node: str
+
+
+class AdmittedResult(BaseModel):
+    hardware_ids: list[str] = Field(default_factory=list, description="Hardware the node was admitted with before.")
 
 
 # --- fleet guard --------------------------------------------------------------------------------

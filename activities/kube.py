@@ -233,7 +233,7 @@ class KubeActivities:
     async def check_node(self, req: c.NodeCheckRequest) -> c.NodeCheckResult:
         """Whether a report names a node that exists and is one of ours, before anything is done to it."""
         try:
-            await call_api(self.core.read_node, req.node)
+            node = await call_api(self.core.read_node, req.node)
         except ApiException as err:
             if err.status == 404:
                 return c.NodeCheckResult(exists=False, ours=False, reason=f"node {req.node} does not exist")
@@ -244,7 +244,8 @@ class KubeActivities:
             if not found.items:
                 return c.NodeCheckResult(exists=True, ours=False,
                                          reason=f"node {req.node} does not match the GPU node selector {self.gpu_node_selector}")
-        return c.NodeCheckResult(exists=True, ours=True)
+        held = next((t.value or "fault" for t in (node.spec.taints or []) if t.key == c.QUARANTINE_TAINT), None)
+        return c.NodeCheckResult(exists=True, ours=True, quarantined=held)
 
     @activity.defn(name=c.KUBE_FLEET_SIZE)
     async def fleet_size(self) -> int:

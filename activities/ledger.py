@@ -24,6 +24,8 @@ class Ledger(Protocol):
     def count_recent(self, hardware_ids: list[str], since: datetime, exclude_episode: str | None) -> int: ...
     def deny(self, hardware_ids: list[str], node: str, reason: str) -> list[str]: ...
     def denied(self, hardware_ids: list[str]) -> dict[str, str]: ...
+    def admit(self, node: str, hardware_ids: list[str]) -> None: ...
+    def admitted(self, node: str) -> list[str]: ...
 
 
 # Outcomes of episodes that changed nothing on the node's hardware.
@@ -51,6 +53,7 @@ class SqliteLedger:
                     PRIMARY KEY (episode, hardware_id));
                 CREATE INDEX IF NOT EXISTS remediation_hw_id ON remediation_hw (hardware_id, ended_at);
                 CREATE TABLE IF NOT EXISTS denylist (hardware_id TEXT PRIMARY KEY, node TEXT, reason TEXT, at TEXT);
+                CREATE TABLE IF NOT EXISTS admitted (node TEXT, hardware_id TEXT, at TEXT, PRIMARY KEY (node, hardware_id));
             """)
 
     def record(self, rec: c.RemediationRecord) -> bool:
@@ -92,6 +95,16 @@ class SqliteLedger:
             rows = self.db.execute(f"SELECT hardware_id, reason FROM denylist WHERE hardware_id IN ({marks})",
                                    hardware_ids).fetchall()
         return dict(rows)
+
+    def admit(self, node: str, hardware_ids: list[str]) -> None:
+        with self.lock:
+            self.db.executemany("INSERT OR IGNORE INTO admitted VALUES (?,?,?)",
+                                [(node, h, datetime.now(UTC).isoformat()) for h in hardware_ids])
+
+    def admitted(self, node: str) -> list[str]:
+        with self.lock:
+            rows = self.db.execute("SELECT hardware_id FROM admitted WHERE node = ?", (node,)).fetchall()
+        return sorted(r[0] for r in rows)
 
 
 class DynamoLedger:
@@ -151,6 +164,16 @@ class DynamoLedger:
                 out[h] = item["reason"]["S"]
         return out
 
+    def admit(self, node: str, hardware_ids: list[str]) -> None:
+        for h in hardware_ids:
+            self._put_new({"pk": {"S": f"ADMIT#{node}"}, "sk": {"S": h}, "at": {"S": datetime.now(UTC).isoformat()}})
+
+    def admitted(self, node: str) -> list[str]:
+        pages = self.ddb.get_paginator("query").paginate(
+            TableName=self.table, KeyConditionExpression="pk = :pk", ConsistentRead=True,
+            ExpressionAttributeValues={":pk": {"S": f"ADMIT#{node}"}})
+        return sorted(i["sk"]["S"] for page in pages for i in page["Items"])
+
 
 class LedgerActivities:
     def __init__(self, ledger: Ledger):
@@ -173,3 +196,11 @@ class LedgerActivities:
     @activity.defn(name=c.LEDGER_CHECK_DENIED)
     async def check_denied(self, req: c.CheckDeniedRequest) -> c.CheckDeniedResult:
         return c.CheckDeniedResult(denied=await asyncio.to_thread(self.ledger.denied, req.hardware_ids))
+
+    @activity.defn(name=c.LEDGER_ADMIT)
+    async def admit(self, req: c.AdmitRequest) -> None:
+        await asyncio.to_thread(self.ledger.admit, req.node, req.hardware_ids)
+
+    @activity.defn(name=c.LEDGER_ADMITTED)
+    async def admitted(self, req: c.AdmittedRequest) -> c.AdmittedResult:
+        return c.AdmittedResult(hardware_ids=await asyncio.to_thread(self.ledger.admitted, req.node))

@@ -22,6 +22,7 @@ with workflow.unsafe.imports_passed_through():
         PATCH_EPISODE_IDENTITY,
         PATCH_GUARD_ADMISSION,
         PATCH_LOCAL_CLUSTER_CALLS,
+        PATCH_QUARANTINE_HOLD,
         PATCH_TRUSTED_INTAKE,
         SA_NODE,
         SA_OUTCOME,
@@ -69,6 +70,10 @@ class Episode:
     def _identity(self) -> bool:
         """Node from the workflow id, cluster and history limit from the controller (PATCH_EPISODE_IDENTITY)."""
         return workflow.patched(PATCH_EPISODE_IDENTITY)
+
+    def _holds(self) -> bool:
+        """A node left quarantined is held for a person (PATCH_QUARANTINE_HOLD)."""
+        return workflow.patched(PATCH_QUARANTINE_HOLD)
 
     def _local_cluster_calls(self) -> bool:
         """Short cluster-side calls (cordon, pod marks, events, ledger, guard signals) run as local

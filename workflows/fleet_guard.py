@@ -24,6 +24,7 @@ with workflow.unsafe.imports_passed_through():
         LEFT_QUARANTINE,
         PATCH_GUARD_IDLE_RECHECK,
         PATCH_GUARD_NEVER_WEDGED,
+        PATCH_GUARD_PAGED_CHECK,
         GateRelease,
         GuardInput,
         GuardState,
@@ -58,6 +59,8 @@ class FleetGuard(GuardBooks):
         # Decided once per run, here: queries (read-only) read it too.
         self._never_wedged = workflow.patched(PATCH_GUARD_NEVER_WEDGED)
         self._idle_recheck = workflow.patched(PATCH_GUARD_IDLE_RECHECK)
+        self._paged = workflow.patched(PATCH_GUARD_PAGED_CHECK)
+        self._holder_check = None
 
     # --- handlers ------------------------------------------------------------------------------
     @workflow.signal(name=GUARD_SIGNAL_REQUEST)

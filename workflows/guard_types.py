@@ -14,6 +14,9 @@ from workflows.lease import FaultNotice, LeaseRequest
 PATCH_GUARD_NEVER_WEDGED = "guard-never-wedged"
 # workflow.patched id: an idle guard sleeps for idle_recheck, not holder_check_interval.
 PATCH_GUARD_IDLE_RECHECK = "guard-idle-recheck"
+# workflow.patched id: the holder check is one paged listing, run beside the loop (grants and
+# admissions go on meanwhile), heartbeating, with a bounded retry (issue 22: 10).
+PATCH_GUARD_PAGED_CHECK = "guard-paged-holder-check"
 MAX_DEFERRED_KEPT = 1000
 # Outcomes an episode reports when it ends or gives its lease back: these prove a canary.
 CANARY_PROVEN = frozenset({"validated", "returned", "replaced"})

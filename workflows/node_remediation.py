@@ -137,6 +137,20 @@ class NodeRemediation(RungActions, RemediationSteps):
     def _validate_cancel(self, reason: str = "", by: str = "") -> None:
         self._require_active("cancel")
 
+    @workflow.update
+    def lift(self, reason: str = "", by: str = "") -> RemediationStatus:
+        """An operator lifts the hold on a node an earlier episode left quarantined: it is uncordoned."""
+        self.s.lifted_by, self.s.lift_reason = by[:200], reason[:300]
+        self._asked("lift", by, reason)
+        return self.status()
+
+    @lift.validator
+    def _validate_lift(self, reason: str = "", by: str = "") -> None:
+        if not self.s.held or self.s.stage is Stage.DONE:
+            raise ValueError("not held: nothing to lift")
+        if not by:
+            raise ValueError("say who lifts the hold")
+
     @workflow.query
     def status(self) -> RemediationStatus:
         s = self.s
@@ -149,7 +163,7 @@ class NodeRemediation(RungActions, RemediationSteps):
             validations=s.validations, boot_id=s.boot_id, run_ids=s.run_ids, agent_missing=s.agent_missing,
             implicated=s.implicated, policy_name=s.policy_name, policy_sha256=s.policy_sha256,
             cluster=self.inp.cluster, lease_requested=s.lease_requested, admission=s.admission,
-            waiting=self._waiting_for(),
+            waiting=self._waiting_for(), held=s.held,
         )
 
     def _waiting_for(self) -> str:
@@ -157,6 +171,8 @@ class NodeRemediation(RungActions, RemediationSteps):
         s = self.s
         if s.stage is Stage.DONE:
             return ""
+        if s.held:
+            return f"a person: {s.held} (gpuheal lift {self.node})"
         if s.paused:
             return f"resume: paused ({s.pause_reason})"
         if s.admission == "deferred":
@@ -200,7 +216,7 @@ class NodeRemediation(RungActions, RemediationSteps):
         # Every patch is decided before the first local activity of a run: on replay, a patch
         # marker after a local activity's marker in one workflow task is a nondeterminism error.
         self._bounded(), self._no_harm(), self._local_cluster_calls(), self._guard_admission()
-        self._trusted_intake(), self._identity()
+        self._trusted_intake(), self._identity(), self._holds()
         if workflow.info().continued_run_id and self.s.policy_sha256:
             return
         snap = await take_controller_policy(self.node)
@@ -219,6 +235,8 @@ class NodeRemediation(RungActions, RemediationSteps):
     async def _triage(self) -> None:
         report = self.s.latest
         if self._no_harm() and not await self._node_is_ours():
+            return
+        if self._holds() and await self._held_for_a_person():
             return
         t = classify(report.findings, self.inp.generation, self.policy)
         self.s.triage = t

@@ -42,6 +42,9 @@ PATCH_GUARD_ADMISSION = "guard-admission"
 PATCH_TRUSTED_INTAKE = "trusted-intake"
 # The node comes from the workflow id, the cluster and the history limit from the controller (issue 22: 9).
 PATCH_EPISODE_IDENTITY = "episode-identity"
+# A node an earlier episode left quarantined (it still carries gpuheal's taint) is held for a person:
+# a new episode on it records its reports and waits for an operator's `lift` (issue 22: 8).
+PATCH_QUARANTINE_HOLD = "quarantine-hold"
 MAX_ACTIONS_KEPT = 200
 MAX_SEQ_SENDERS_KEPT = 32
 MAX_RUN_IDS_KEPT = 50
@@ -127,6 +130,9 @@ class RemediationState(BaseModel):
     policy_sha256: str = ""
     admission: str = Field(default="", description="'', asked, admitted or deferred: the guard's answer on quarantine.")
     admission_reason: str = ""
+    held: str = Field(default="", description="Why the node is held for a person (an earlier episode left it quarantined).")
+    lifted_by: str | None = Field(default=None, description="Who lifted the hold (the `lift` update's caller).")
+    lift_reason: str = ""
 
 
 class RemediationInput(BaseModel):
@@ -177,6 +183,7 @@ class RemediationStatus(BaseModel):
     lease_requested: bool = False
     admission: str = ""
     waiting: str = Field(default="", description="What the episode waits on now, in words.")
+    held: str = ""
 
 
 class RemediationResult(BaseModel):
