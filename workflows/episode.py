@@ -14,7 +14,9 @@ with workflow.unsafe.imports_passed_through():
     from activities import contracts as c
     from policies.model import Policy, RungPolicy
     from workflows.calls import call, call_or_none
+    from workflows.outcome import PATCH_OUTCOME_LEDGER
     from workflows.remediation_types import (
+        ISSUE22_PATCHES,
         MAX_ACTIONS_KEPT,
         MAX_RUN_IDS_KEPT,
         PATCH_BOUNDED_STATE,
@@ -74,6 +76,14 @@ class Episode:
     def _holds(self) -> bool:
         """A node left quarantined is held for a person (PATCH_QUARANTINE_HOLD)."""
         return workflow.patched(PATCH_QUARANTINE_HOLD)
+    def _decide_issue22(self) -> None:
+        """Issue 22's fixes, decided once when the run starts (before any activity's marker): a run
+        started before them keeps the old behaviour, and meets the new one at continue-as-new."""
+        self._issue22 = {p for p in ISSUE22_PATCHES if workflow.patched(p)}
+
+    def _fixed(self, patch: str) -> bool:
+        """Whether this run has issue 22's fix `patch` (remediation_types.ISSUE22_PATCHES)."""
+        return patch in self._issue22
 
     def _local_cluster_calls(self) -> bool:
         """Short cluster-side calls (cordon, pod marks, events, ledger, guard signals) run as local
@@ -125,6 +135,9 @@ class Episode:
             if self._bounded() and len(self.s.run_ids) > MAX_RUN_IDS_KEPT:
                 # The first run id names the episode (idempotency keys, the ledger): it stays.
                 self.s.run_ids = [self.s.run_ids[0], *self.s.run_ids[-(MAX_RUN_IDS_KEPT - 1):]]
+        # Decided before any local activity's marker (see _take_controller_policy); read at the
+        # episode's close, when the ledger record carries its outcome (workflows/outcome.py).
+        workflow.patched(PATCH_OUTCOME_LEDGER)
         if self.s.started_at is None:
             self.s.started_at = workflow.now()
             if workflow.info().typed_search_attributes.get(SA_NODE) is None:

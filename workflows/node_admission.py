@@ -26,8 +26,8 @@ with workflow.unsafe.imports_passed_through():
         LeaseRelease,
         LeaseRequest,
     )
-    from workflows.remediation_types import ActionRecord, Outcome
-    from workflows.validation import validate_twice
+    from workflows.remediation_types import PATCH_NODE_PROFILES, ActionRecord, Outcome
+    from workflows.validation import PATCH_LOAD_VALIDATION, validate_twice
 
 # workflow.patched id: the node is the workflow id's and must exist and be ours, its hardware ids come
 # from its own agent, a node admitted before with that hardware is left alone, and a replace takes
@@ -89,6 +89,8 @@ class NodeAdmission:
     @workflow.run
     async def run(self, inp: AdmissionInput) -> AdmissionResult:
         trusted_admission = workflow.patched(PATCH_ADMISSION_TRUSTED)  # before the first local activity
+        profiles = workflow.patched(PATCH_NODE_PROFILES)  # decided before the first local activity
+        load = workflow.patched(PATCH_LOAD_VALIDATION)  # before the first local activity
         cluster = None
         if controller_policy_applies():
             snap = await take_controller_policy(inp.node)
@@ -101,8 +103,11 @@ class NodeAdmission:
             ignored = ignored_fields(inp, trusted)
             inp = self.inp = inp.model_copy(update=trusted)
             self._record("policy", *policy_taken(snap, ignored))
+        if profiles and inp.policy.observe:
+            # Observe mode never cordons: the node is validated and its baseline recorded, untainted.
+            inp = self.inp = inp.model_copy(update={"policy": inp.policy.model_copy(update={"dry_run": True})})
         if trusted_admission:
-            return await self._admit(inp, cluster or "default")
+            return await self._admit(inp, cluster or "default", profiles, load)
         await self._step(c.KUBE_QUARANTINE, c.QuarantineRequest(
             node=inp.node, fault_class="unvalidated", reason="new node: validation pending",
             taint_key=c.UNVALIDATED_TAINT, dry_run=inp.policy.dry_run), f"taint {inp.node} unvalidated")
@@ -120,15 +125,17 @@ class NodeAdmission:
                 f"replace {inp.node}: {reason}", c.ReplaceResult)
             return self._result(Outcome.DENIED_ADMISSION, reason, 0)
         passed = await validate_twice(inp.node, inp.policy.validation, inp.expected_gpus, self._record,
-                                      inp.policy.dry_run)
+                                      inp.policy.dry_run, tiers=("admission", "repair") if load else (None, None))
         if passed < 2:
             return self._result(Outcome.QUARANTINED, f"validation {passed + 1} of 2 failed: node stays tainted", passed)
+        if profiles:
+            await self._record_baseline(inp)
         await self._step(c.KUBE_RETURN_TO_SERVICE, c.ReturnToServiceRequest(
             node=inp.node, reason="admitted: validated twice", taint_keys=[c.UNVALIDATED_TAINT],
             dry_run=inp.policy.dry_run), f"admit {inp.node}: remove the unvalidated taint")
         return self._result(Outcome.HEALTHY, "validated twice; admitted", passed)
 
-    async def _admit(self, inp: AdmissionInput, cluster: str) -> AdmissionResult:
+    async def _admit(self, inp: AdmissionInput, cluster: str, profiles: bool, load: bool) -> AdmissionResult:
         """Admission that trusts no starter: a re-start of an admitted node does nothing."""
         node, p = inp.node, inp.policy
         found = await self._step(c.KUBE_CHECK_NODE, c.NodeCheckRequest(node=node),
@@ -171,9 +178,12 @@ class NodeAdmission:
                 await self._to_guard(cluster, p, GUARD_SIGNAL_RELEASE, LeaseRelease(
                     holder=workflow.info().workflow_id, node=node, outcome="replaced"))
             return self._result(Outcome.DENIED_ADMISSION, reason, 0)
-        passed = await validate_twice(node, p.validation, inp.expected_gpus, self._record, p.dry_run)
+        passed = await validate_twice(node, p.validation, inp.expected_gpus, self._record, p.dry_run,
+                                      tiers=("admission", "repair") if load else (None, None))
         if passed < 2:
             return self._result(Outcome.QUARANTINED, f"validation {passed + 1} of 2 failed: node stays tainted", passed)
+        if profiles:
+            await self._record_baseline(inp)
         await self._step(c.KUBE_RETURN_TO_SERVICE, c.ReturnToServiceRequest(
             node=node, reason="admitted: validated twice", taint_keys=[c.UNVALIDATED_TAINT],
             dry_run=p.dry_run), f"admit {node}: remove the unvalidated taint")
@@ -215,6 +225,24 @@ class NodeAdmission:
         await call(c.GUARD_SIGNAL, c.GuardSignalRequest(cluster=cluster, guard=p.guard, task_queue=workflow.info().task_queue,
                                                         signal=signal, payload=arg.model_dump(mode="json")),
                    summary=f"{signal} to fleet guard", timeout=timedelta(seconds=30), max_interval=timedelta(seconds=10))
+
+    async def _record_baseline(self, inp: AdmissionInput) -> None:
+        """What the node has now, having passed twice, is its baseline: fewer or slower links later
+        are findings even where no profile names a number. Best effort: admission does not hang on it."""
+        summary = f"record {inp.node}'s baseline (what it has, validated)"
+        try:
+            inv = await call(c.NODE_INVENTORY, c.InventoryRequest(node=inp.node), c.InventoryResult,
+                             summary=f"inventory of {inp.node}", timeout=timedelta(minutes=2), attempts=3,
+                             task_queue=c.node_task_queue(inp.node), schedule_to_start=inp.policy.validation.agent_timeout)
+            if inv.inventory is None or inv.findings:
+                why = ", ".join(f.label() for f in inv.findings) or "a probe could not read it"
+                return self._record("baseline", summary, False, f"not recorded: {why}")
+            await call(c.PROFILE_RECORD_BASELINE, c.RecordBaselineRequest(
+                node=inp.node, inventory=inv.inventory, validated=True, dry_run=inp.policy.dry_run and not inp.policy.observe),
+                summary=summary, timeout=timedelta(seconds=30), attempts=5, max_interval=timedelta(seconds=10))
+        except ActivityError as err:
+            return self._record("baseline", summary, False, f"not recorded: {err.cause or err}")
+        self._record("baseline", summary, True, inv.inventory.summary())
 
     async def _step(self, name: str, req: BaseModel, summary: str, result_type: type | None = None):
         """A step that fails after its retries fails the admission: the node keeps its unvalidated

@@ -16,7 +16,7 @@ with workflow.unsafe.imports_passed_through():
     from policies.model import Rung
     from workflows.calls import call_or_none
     from workflows.lease import GuardClient
-    from workflows.remediation_types import Outcome, Stage
+    from workflows.remediation_types import PATCH_APPROVAL_NO_LEASE, PATCH_REPEAT_PER_BOARD, Outcome, Stage
 
 
 HOLD_RECHECK = timedelta(hours=1)  # how often a held node's taint is looked at again
@@ -98,14 +98,19 @@ class RemediationSteps(GuardClient):
 
     async def _is_repeat_offender(self) -> bool:
         ro = self.policy.repeat_offender
+        # Per board: the hardware a probe implicated, not every id of the node (a fault on each of
+        # three GPUs is three boards once each, not one node three times).
+        by_board = self._fixed(PATCH_REPEAT_PER_BOARD)
+        ids = self.s.implicated if by_board else self.s.hardware_ids
         if not self.s.hardware_ids:
-            return False
+            return False  # asked whenever the node named hardware, as before (recorded histories)
         count = await self._ledger(c.LEDGER_COUNT_RECENT, c.CountRecentRequest(
-            hardware_ids=self.s.hardware_ids, window_s=ro.window.total_seconds(), exclude_episode=self._episode()),
+            hardware_ids=ids, window_s=ro.window.total_seconds(), exclude_episode=self._episode(), by_board=by_board),
             int, f"count recent remediations of {self.node}'s hardware")
         if count is not None and count + 1 >= ro.threshold:
             self._record("triage", f"repeat offender {self.node}", True,
-                         f"{count} earlier remediations within {ro.window}: straight to replace")
+                         f"{count} earlier remediations of {'its board' if by_board else 'its hardware'} "
+                         f"({', '.join(ids[:2])}) within {ro.window}: straight to replace")
             return True
         return False
 
@@ -118,10 +123,12 @@ class RemediationSteps(GuardClient):
 
     async def _attribute_pods(self, t: Triage) -> None:
         pod_gpus = await self._pod_gpus() if t.gpus and self._no_harm() else None
-        await self._kube(c.KUBE_ATTRIBUTE_PODS, c.AttributePodsRequest(
+        marked = await self._kube(c.KUBE_ATTRIBUTE_PODS, c.AttributePodsRequest(
             node=self.node, attribution=t.attribution, fault=self._fault_label(), gpus=t.gpus, pod_gpus=pod_gpus,
             episode=self._episode(), dry_run=self.policy.dry_run),
             c.AttributePodsResult, f"mark pods on {self.node}: failure attribution {t.attribution}")
+        if marked is not None:  # the outcome ledger's interrupted pods (workflows/outcome.py)
+            self.s.pods_marked = sorted({*self.s.pods_marked, *marked.pods})[:200]
 
     async def _pod_gpus(self) -> dict[str, list[int]] | None:
         """Which pod runs on which GPU, from the node (None when the agent cannot say quickly)."""
@@ -137,6 +144,11 @@ class RemediationSteps(GuardClient):
         rp = self.policy.ladder.for_rung(rung)
         if not rp.requires_approval or rung in self.s.approved:
             return True
+        if (self.s.lease_held or self.s.lease_requested) and self._fixed(PATCH_APPROVAL_NO_LEASE):
+            # A person may take a day: the fleet's budget is not held meanwhile (taken again once approved).
+            await self._release_lease()
+            self._record("lease", f"gave back {self.node}'s disruption lease", True,
+                         f"while {rung.value} waits for approval; taken again once approved")
         self.s.awaiting_approval = rung
         self._set_details()
         steerable = self._no_harm()
@@ -166,6 +178,8 @@ class RemediationSteps(GuardClient):
             start_to_close=d.checkpoint_grace + d.deadline + timedelta(minutes=5), heartbeat=d.heartbeat_timeout,
         )
         self.s.drained = result is not None
+        if result is not None:
+            self.s.pods_evicted = sorted({*self.s.pods_evicted, *result.evicted, *result.forced})[:200]
         if not self._no_harm():
             return
         if result is None:
