@@ -119,6 +119,11 @@ async def tell_guard_the_policy(client: Client, cluster: str, guard: GuardPolicy
     try:
         await handle.execute_update(FleetGuard.set_policy, args=[guard, client.identity],
                                     rpc_timeout=timedelta(seconds=10))
+        # A guard run from before an upgrade meets the new behaviour now, not at its next
+        # continue-as-new (which may be months away); `gpuheal guard` says which it runs.
+        st = await handle.execute_update(FleetGuard.upgrade, args=[client.identity], rpc_timeout=timedelta(seconds=10))
+        if st.behaviour:
+            log.warning("fleet guard %s: %s", cluster, st.behaviour)
     except Exception as err:  # noqa: BLE001 - a closed guard, a timeout: the controller serves on
         if not (isinstance(err, RPCError) and err.status == RPCStatusCode.NOT_FOUND):  # none yet: nothing to say
             log.warning("could not give fleet guard %s the policy: %s", cluster, err)
