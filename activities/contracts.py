@@ -35,6 +35,7 @@ LEDGER_DENYLIST = "ledger.denylist"
 LEDGER_CHECK_DENIED = "ledger.check_denied"
 LEDGER_ADMIT = "ledger.admit"
 LEDGER_ADMITTED = "ledger.admitted"
+LEDGER_LAST_STARTED = "ledger.last_started"
 LEDGER_LOAD_FIGURES = "ledger.load_figures"
 LEDGER_BASELINE = "ledger.baseline"
 GUARD_SIGNAL = "guard.signal"
@@ -366,6 +367,15 @@ class AdmitRequest(BaseModel):
 
 class AdmittedRequest(BaseModel):
     node: str
+
+
+class LastStartedRequest(BaseModel):
+    node: str
+    exclude_episode: str | None = None
+
+
+class LastStartedResult(BaseModel):
+    started_at: datetime | None = Field(default=None, description="When the node's latest recorded episode started.")
 
 
 class AdmittedResult(BaseModel):

@@ -29,6 +29,7 @@ class Ledger(Protocol):
     def denied(self, hardware_ids: list[str]) -> dict[str, str]: ...
     def admit(self, node: str, hardware_ids: list[str]) -> None: ...
     def admitted(self, node: str) -> list[str]: ...
+    def last_started(self, node: str, exclude_episode: str | None) -> datetime | None: ...
 
 
 # Outcomes of episodes that changed nothing on the node's hardware.
@@ -133,6 +134,12 @@ class SqliteLedger:
             self.db.executemany("INSERT OR IGNORE INTO admitted VALUES (?,?,?)",
                                 [(node, h, datetime.now(UTC).isoformat()) for h in hardware_ids])
 
+    def last_started(self, node: str, exclude_episode: str | None) -> datetime | None:
+        with self.lock:
+            row = self.db.execute("SELECT MAX(started_at) FROM remediation WHERE node = ? AND episode != ?",
+                                  (node, exclude_episode or "")).fetchone()
+        return datetime.fromisoformat(row[0]) if row and row[0] else None
+
     def admitted(self, node: str) -> list[str]:
         with self.lock:
             rows = self.db.execute("SELECT hardware_id FROM admitted WHERE node = ?", (node,)).fetchall()
@@ -169,7 +176,19 @@ class DynamoLedger:
             for h in ids:
                 self._put_new({"pk": {"S": f"{prefix}#{h}"}, "sk": {"S": f"{rec.ended_at.isoformat()}#{rec.episode}"},
                                "episode": {"S": rec.episode}, "counts": {"BOOL": counts}})
+        self._put_new({"pk": {"S": f"NODE#{rec.node}"}, "sk": {"S": f"{rec.started_at.isoformat()}#{rec.episode}"},
+                       "episode": {"S": rec.episode}})
         return first
+
+    def last_started(self, node: str, exclude_episode: str | None) -> datetime | None:
+        pages = self.ddb.get_paginator("query").paginate(
+            TableName=self.table, KeyConditionExpression="pk = :pk", ScanIndexForward=False, ConsistentRead=True,
+            ExpressionAttributeValues={":pk": {"S": f"NODE#{node}"}})
+        for page in pages:
+            for item in page["Items"]:
+                if item["episode"]["S"] != exclude_episode:
+                    return datetime.fromisoformat(item["sk"]["S"].split("#", 1)[0])
+        return None
 
     def records(self, since: datetime | None = None) -> list[c.RemediationRecord]:
         """Every record that ended at or after `since`, oldest first: a scan (an operator's report,
@@ -256,3 +275,8 @@ class LedgerActivities:
     @activity.defn(name=c.LEDGER_ADMITTED)
     async def admitted(self, req: c.AdmittedRequest) -> c.AdmittedResult:
         return c.AdmittedResult(hardware_ids=await asyncio.to_thread(self.ledger.admitted, req.node))
+
+    @activity.defn(name=c.LEDGER_LAST_STARTED)
+    async def last_started(self, req: c.LastStartedRequest) -> c.LastStartedResult:
+        return c.LastStartedResult(started_at=await asyncio.to_thread(self.ledger.last_started, req.node,
+                                                                      req.exclude_episode))

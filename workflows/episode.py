@@ -25,6 +25,7 @@ with workflow.unsafe.imports_passed_through():
         PATCH_GUARD_ADMISSION,
         PATCH_LOCAL_CLUSTER_CALLS,
         PATCH_QUARANTINE_HOLD,
+        PATCH_STICKY_CONDITIONS,
         PATCH_TRUSTED_INTAKE,
         SA_NODE,
         SA_OUTCOME,
@@ -84,6 +85,10 @@ class Episode:
     def _fixed(self, patch: str) -> bool:
         """Whether this run has issue 22's fix `patch` (remediation_types.ISSUE22_PATCHES)."""
         return patch in self._issue22
+
+    def _sticky(self) -> bool:
+        """Conditions set before the node's last episode are no news (PATCH_STICKY_CONDITIONS)."""
+        return workflow.patched(PATCH_STICKY_CONDITIONS)
 
     def _local_cluster_calls(self) -> bool:
         """Short cluster-side calls (cordon, pod marks, events, ledger, guard signals) run as local

@@ -242,7 +242,7 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
         self._profiles = workflow.patched(PATCH_NODE_PROFILES)
         self._lease_backoff = workflow.patched(PATCH_LEASE_BACKOFF)
         workflow.patched(PATCH_LOAD_VALIDATION), workflow.patched(PATCH_SUSPECT_LOAD_TEST)  # read where used
-        self._trusted_intake(), self._identity(), self._holds()
+        self._trusted_intake(), self._identity(), self._holds(), self._sticky()
         if workflow.info().continued_run_id and self.s.policy_sha256:
             return
         snap = await take_controller_policy(self.node)
@@ -263,6 +263,8 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
         if self._no_harm() and not await self._node_is_ours():
             return
         if self._holds() and await self._held_for_a_person():
+            return
+        if self._sticky() and await self._conditions_already_handled(report):
             return
         t = classify(report.findings, self.inp.generation, self.policy)
         self.s.triage = t

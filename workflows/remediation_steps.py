@@ -12,7 +12,7 @@ from workflows import metrics
 with workflow.unsafe.imports_passed_through():
     from activities import contracts as c
     from policies.classify import Triage
-    from policies.findings import HealthReport
+    from policies.findings import HealthReport, condition_since
     from policies.model import Rung
     from workflows.calls import call_or_none
     from workflows.lease import GuardClient
@@ -60,6 +60,21 @@ class RemediationSteps(GuardClient):
                          f"uncordon failed ({self.s.actions[-1].detail}): the node stays cordoned for a person")
         else:
             self._finish(Outcome.HEALTHY, f"hold lifted by {self.s.lifted_by} ({self.s.lift_reason}): back in service")
+        return True
+
+    async def _conditions_already_handled(self, report: HealthReport) -> bool:
+        """A report of node conditions only, each set before this node's last recorded episode
+        started: a sticky condition re-sent (another watcher replica, a restarted one). Nothing is done."""
+        since = [condition_since(f.event_id) for f in report.findings]
+        if not since or any(t is None for t in since):
+            return False
+        last = (await self._ledger(c.LEDGER_LAST_STARTED, c.LastStartedRequest(
+            node=self.node, exclude_episode=self._episode()), c.LastStartedResult,
+            f"when {self.node}'s last episode started")).started_at
+        if last is None or max(since) >= last:
+            return False
+        self._finish(Outcome.HEALTHY, f"only node conditions set before {self.node}'s last episode started "
+                     f"({last:%Y-%m-%dT%H:%M:%SZ}): a re-send, not a new fault; nothing done")
         return True
 
     async def _quarantine(self) -> None:

@@ -45,6 +45,9 @@ PATCH_EPISODE_IDENTITY = "episode-identity"
 # A node an earlier episode left quarantined (it still carries gpuheal's taint) is held for a person:
 # a new episode on it records its reports and waits for an operator's `lift` (issue 22: 8).
 PATCH_QUARANTINE_HOLD = "quarantine-hold"
+# A report whose findings are only node conditions set before the node's last episode started (a
+# sticky condition re-sent by another watcher replica) starts nothing (issue 22: 7).
+PATCH_STICKY_CONDITIONS = "sticky-conditions"
 # Issue 22 (do no harm, second pass), one id per defect so each can be told apart in a history.
 PATCH_DRY_RUN_DENYLIST = "dry-run-no-denylist"  # 1: a dry run writes no denylist entry
 PATCH_AGENT_MISSING_TOP = "agent-missing-at-reboot"  # 2: no replace for an agent that did not come back

@@ -275,6 +275,11 @@ class FakeFleet:
         self.denylist.update({i: req.reason for i in added})
         return c.DenylistResult(added=added)
 
+    @activity.defn(name=c.LEDGER_LAST_STARTED)
+    async def last_started(self, req: c.LastStartedRequest) -> c.LastStartedResult:
+        starts = [r.started_at for r in self.records if r.node == req.node and r.episode != req.exclude_episode]
+        return c.LastStartedResult(started_at=max(starts, default=None))
+
     @activity.defn(name=c.LEDGER_ADMIT)
     async def admit(self, req: c.AdmitRequest) -> None:
         self.admitted_hw.setdefault(req.node, set()).update(req.hardware_ids)
@@ -322,7 +327,8 @@ class FakeFleet:
                 self.replace, self.kill, self.reset, self.validate, self.record, self.count_recent,
                 self.denylist_add, self.check_denied, self.event, self.count_fleet, guard.signal_guard,
                 self.live_holders, self.running_episodes, self.quarantined_nodes, self.check_node, self.kubelet_boot_id, self.gpu_pods, self.current_policy,
-                self.baseline, self.load_figures, self.hardware_ids, self.admit, self.admitted, self.running_holders]
+                self.baseline, self.load_figures, self.hardware_ids, self.admit, self.admitted, self.running_holders,
+                self.last_started]
 
     @contextlib.asynccontextmanager
     async def workers(self):
