@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from temporalio import workflow
+from temporalio.common import RawValue
 
 with workflow.unsafe.imports_passed_through():
     from activities import contracts as c
@@ -16,6 +15,7 @@ with workflow.unsafe.imports_passed_through():
         policy_taken,
         take_controller_policy,
     )
+    from workflows.episode import node_of
     from workflows.lease import HOLDER_SIGNAL_GRANTED, HOLDER_SIGNAL_QUARANTINE, LeaseGrant, QuarantineAnswer
     from workflows.outcome import PATCH_OUTCOME_LEDGER, outcome_fields
     from workflows.remediation_steps import RemediationSteps
@@ -51,7 +51,8 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
     def __init__(self, inp: RemediationInput) -> None:
         self.inp = inp
         self.policy = inp.policy
-        self.node = inp.node
+        # The node is the one the workflow id names (`remediate/<node>`), never what the start input says.
+        self.node = node_of(workflow.info().workflow_id, inp.node) if self._identity() else inp.node
         # Only a run this workflow continued carries state: a first run's input comes from whoever
         # sent the first report, and is never trusted with the episode's state.
         self.s = (inp.state if workflow.info().continued_run_id else None) or RemediationState()
@@ -61,10 +62,20 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
 
     # --- handlers: agents signal, operators update, everyone queries --------------------------
     @workflow.signal
-    def report(self, raw: Any) -> None:
-        """A health report. Anything wrong with it is recorded and dropped: never a failed task."""
-        why = take_report(self.s, raw, node=self.node, generation=self.inp.generation, policy=self.policy,
-                          bounded=self._bounded, no_harm=self._no_harm)
+    def report(self, payload: RawValue) -> None:
+        """A health report. Anything wrong with it, an undecodable payload too, is recorded and
+        dropped: never a failed task (taken raw: the SDK would drop what it cannot decode with a log line)."""
+        try:
+            raw = workflow.payload_converter().from_payload(payload.payload)
+        except Exception as err:  # noqa: BLE001 - any bad payload is a rejection, not a task failure
+            if not self._trusted_intake():
+                workflow.logger.warning("dropped an undecodable report for %s: %s", self.node, err)
+                return
+            raw, why = payload.payload.data[:200], f"undecodable report: {type(err).__name__}: {str(err)[:200]}"
+        else:
+            why = take_report(self.s, raw, node=self.node, generation=self.inp.generation, policy=self.policy,
+                              bounded=self._bounded, no_harm=self._no_harm, trusted=self._trusted_intake,
+                              now_us=int(workflow.now().timestamp() * 10**6))
         if why is not None:
             record_rejection(self.s, why, raw, workflow.now())
             workflow.logger.warning("rejected report for %s: %s", self.node, why)
@@ -147,6 +158,20 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
     def _validate_cancel(self, reason: str = "", by: str = "") -> None:
         self._require_active("cancel")
 
+    @workflow.update
+    def lift(self, reason: str = "", by: str = "") -> RemediationStatus:
+        """An operator lifts the hold on a node an earlier episode left quarantined: it is uncordoned."""
+        self.s.lifted_by, self.s.lift_reason = by[:200], reason[:300]
+        self._asked("lift", by, reason)
+        return self.status()
+
+    @lift.validator
+    def _validate_lift(self, reason: str = "", by: str = "") -> None:
+        if not self.s.held or self.s.stage is Stage.DONE:
+            raise ValueError("not held: nothing to lift")
+        if not by:
+            raise ValueError("say who lifts the hold")
+
     @workflow.query
     def status(self) -> RemediationStatus:
         s = self.s
@@ -159,7 +184,7 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
             validations=s.validations, boot_id=s.boot_id, run_ids=s.run_ids, agent_missing=s.agent_missing,
             implicated=s.implicated, policy_name=s.policy_name, policy_sha256=s.policy_sha256,
             cluster=self.inp.cluster, lease_requested=s.lease_requested, admission=s.admission,
-            waiting=self._waiting_for(),
+            waiting=self._waiting_for(), held=s.held,
         )
 
     def _waiting_for(self) -> str:
@@ -167,6 +192,8 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
         s = self.s
         if s.stage is Stage.DONE:
             return ""
+        if s.held:
+            return f"a person: {s.held} (gpuheal lift {self.node})"
         if s.paused:
             return f"resume: paused ({s.pause_reason})"
         if s.admission == "deferred":
@@ -213,11 +240,16 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
         self._profiles = workflow.patched(PATCH_NODE_PROFILES)
         self._lease_backoff = workflow.patched(PATCH_LEASE_BACKOFF)
         workflow.patched(PATCH_LOAD_VALIDATION), workflow.patched(PATCH_SUSPECT_LOAD_TEST)  # read where used
+        self._trusted_intake(), self._identity(), self._holds(), self._sticky()
         if workflow.info().continued_run_id and self.s.policy_sha256:
             return
         snap = await take_controller_policy(self.node)
         trusted = {"policy": snap.policy, "state": None, "expected_gpus": None,
                    "guard_task_queue": workflow.info().task_queue}
+        if self._identity():
+            # The controller's cluster (so its guard and budget) and history limit, not the sender's.
+            trusted |= {"node": self.node, "history_limit": snap.policy.history_limit,
+                        "cluster": snap.cluster or self.inp.cluster}
         ignored = ignored_fields(self.inp, trusted) if not workflow.info().continued_run_id else []
         self.inp = self.inp.model_copy(update=trusted)
         self.policy = snap.policy
@@ -227,6 +259,10 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
     async def _triage(self) -> None:
         report = self.s.latest
         if self._no_harm() and not await self._node_is_ours():
+            return
+        if self._holds() and await self._held_for_a_person():
+            return
+        if self._sticky() and await self._conditions_already_handled(report):
             return
         t = classify(report.findings, self.inp.generation, self.policy)
         self.s.triage = t
