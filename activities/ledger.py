@@ -23,7 +23,8 @@ from activities.outcomes import REPEAT_WINDOWS_D, count_outcome
 class Ledger(Protocol):
     def record(self, rec: c.RemediationRecord) -> bool: ...
     def records(self, since: datetime | None = None) -> list[c.RemediationRecord]: ...
-    def count_recent(self, hardware_ids: list[str], since: datetime, exclude_episode: str | None) -> int: ...
+    def count_recent(self, hardware_ids: list[str], since: datetime, exclude_episode: str | None,
+                     by_board: bool = False) -> int: ...
     def deny(self, hardware_ids: list[str], node: str, reason: str) -> list[str]: ...
     def denied(self, hardware_ids: list[str]) -> dict[str, str]: ...
 
@@ -52,6 +53,9 @@ class SqliteLedger:
                 CREATE TABLE IF NOT EXISTS remediation_hw (episode TEXT, hardware_id TEXT, ended_at TEXT,
                     PRIMARY KEY (episode, hardware_id));
                 CREATE INDEX IF NOT EXISTS remediation_hw_id ON remediation_hw (hardware_id, ended_at);
+                CREATE TABLE IF NOT EXISTS remediation_board (episode TEXT, hardware_id TEXT, ended_at TEXT,
+                    PRIMARY KEY (episode, hardware_id));
+                CREATE INDEX IF NOT EXISTS remediation_board_id ON remediation_board (hardware_id, ended_at);
                 CREATE TABLE IF NOT EXISTS denylist (hardware_id TEXT PRIMARY KEY, node TEXT, reason TEXT, at TEXT);
                 CREATE TABLE IF NOT EXISTS remediation_body (episode TEXT PRIMARY KEY, body TEXT);
             """)
@@ -64,6 +68,8 @@ class SqliteLedger:
                  rec.started_at.isoformat(), rec.ended_at.isoformat()))
             self.db.executemany("INSERT OR IGNORE INTO remediation_hw VALUES (?,?,?)",
                                 [(rec.episode, h, rec.ended_at.isoformat()) for h in rec.hardware_ids])
+            self.db.executemany("INSERT OR IGNORE INTO remediation_board VALUES (?,?,?)",
+                                [(rec.episode, h, rec.ended_at.isoformat()) for h in rec.boards])
             # The whole record (phases, pods: the outcome ledger); the columns above stay for old readers.
             self.db.execute("INSERT OR IGNORE INTO remediation_body VALUES (?,?)", (rec.episode, rec.model_dump_json()))
             return cur.rowcount == 1
@@ -87,13 +93,15 @@ class SqliteLedger:
                 started_at=datetime.fromisoformat(started), ended_at=datetime.fromisoformat(ended)))
         return out
 
-    def count_recent(self, hardware_ids: list[str], since: datetime, exclude_episode: str | None) -> int:
+    def count_recent(self, hardware_ids: list[str], since: datetime, exclude_episode: str | None,
+                     by_board: bool = False) -> int:
         if not hardware_ids:
             return 0
         marks = ",".join("?" * len(hardware_ids))
+        table = "remediation_board" if by_board else "remediation_hw"
         with self.lock:
             rows = self.db.execute(
-                "SELECT DISTINCT r.episode, r.attribution, r.rungs, r.outcome FROM remediation_hw h "
+                f"SELECT DISTINCT r.episode, r.attribution, r.rungs, r.outcome FROM {table} h "
                 f"JOIN remediation r ON r.episode = h.episode WHERE h.hardware_id IN ({marks}) "
                 "AND h.ended_at >= ? AND h.episode != ?", (*hardware_ids, since.isoformat(), exclude_episode or "")).fetchall()
         return sum(1 for _, attribution, rungs, outcome in rows if counts_as_remediation(attribution, json.loads(rungs), outcome))
@@ -144,9 +152,10 @@ class DynamoLedger:
         first = self._put_new({"pk": {"S": f"EP#{rec.episode}"}, "sk": {"S": "record"},
                                "body": {"S": rec.model_dump_json()}})
         counts = counts_as_remediation(rec.attribution, rec.rungs, rec.outcome)
-        for h in rec.hardware_ids:
-            self._put_new({"pk": {"S": f"HW#{h}"}, "sk": {"S": f"{rec.ended_at.isoformat()}#{rec.episode}"},
-                           "episode": {"S": rec.episode}, "counts": {"BOOL": counts}})
+        for prefix, ids in (("HW", rec.hardware_ids), ("BOARD", rec.boards)):
+            for h in ids:
+                self._put_new({"pk": {"S": f"{prefix}#{h}"}, "sk": {"S": f"{rec.ended_at.isoformat()}#{rec.episode}"},
+                               "episode": {"S": rec.episode}, "counts": {"BOOL": counts}})
         return first
 
     def records(self, since: datetime | None = None) -> list[c.RemediationRecord]:
@@ -159,13 +168,14 @@ class DynamoLedger:
             out += [c.RemediationRecord.model_validate_json(i["body"]["S"]) for i in page["Items"]]
         return sorted((r for r in out if since is None or r.ended_at >= since), key=lambda r: r.ended_at)
 
-    def count_recent(self, hardware_ids: list[str], since: datetime, exclude_episode: str | None) -> int:
-        episodes = set()
+    def count_recent(self, hardware_ids: list[str], since: datetime, exclude_episode: str | None,
+                     by_board: bool = False) -> int:
+        episodes, prefix = set(), "BOARD" if by_board else "HW"
         for h in hardware_ids:
             pages = self.ddb.get_paginator("query").paginate(
                 TableName=self.table, KeyConditionExpression="pk = :pk AND sk >= :since",
                 FilterExpression="#counts = :yes", ExpressionAttributeNames={"#counts": "counts"},
-                ExpressionAttributeValues={":pk": {"S": f"HW#{h}"}, ":since": {"S": since.isoformat()},
+                ExpressionAttributeValues={":pk": {"S": f"{prefix}#{h}"}, ":since": {"S": since.isoformat()},
                                            ":yes": {"BOOL": True}})
             episodes |= {i["episode"]["S"] for page in pages for i in page["Items"]}
         episodes.discard(exclude_episode)
@@ -204,7 +214,8 @@ class LedgerActivities:
     @activity.defn(name=c.LEDGER_COUNT_RECENT)
     async def count_recent(self, req: c.CountRecentRequest) -> int:
         since = datetime.now(UTC) - timedelta(seconds=req.window_s)
-        return await asyncio.to_thread(self.ledger.count_recent, req.hardware_ids, since, req.exclude_episode)
+        return await asyncio.to_thread(self.ledger.count_recent, req.hardware_ids, since, req.exclude_episode,
+                                       req.by_board)
 
     @activity.defn(name=c.LEDGER_DENYLIST)
     async def denylist(self, req: c.DenylistRequest) -> c.DenylistResult:

@@ -23,6 +23,13 @@ class FindingKind(StrEnum):
     PROBE_BROKEN = "probe_broken"
     RECOVERY_ACTION = "recovery_action"
     NODE_CONDITION = "node_condition"
+    # Found only under load (health/load/): a status query never shows them.
+    SILENT_DATA_CORRUPTION = "silent_data_corruption"
+    MEMORY_PATTERN = "memory_pattern"
+    DEGRADED = "degraded"
+    CLOCK_SLOWDOWN = "clock_slowdown"
+    LOAD_TEST_FAILED = "load_test_failed"
+    SUSPECT = "suspect"
 
 
 class RecoveryAction(StrEnum):
@@ -53,6 +60,10 @@ class Finding(BaseModel):
     uuid: str | None = Field(default=None, max_length=128)
     serial: str | None = Field(default=None, max_length=128)
     pci: str | None = Field(default=None, max_length=64)
+    gpu_instance_id: int | None = Field(default=None, ge=0, le=0xFFFFFFFE,
+                                        description="MIG GPU instance the event names (NVML event data); None: no MIG instance.")
+    compute_instance_id: int | None = Field(default=None, ge=0, le=0xFFFFFFFE,
+                                            description="MIG compute instance the event names; None: every one of the GPU instance.")
     recovery_action: RecoveryAction | None = None
     fatal: bool | None = Field(default=None, description="From NVLink5 subcodes (Fatal/Nonfatal) or the probe.")
     message: str = Field(default="", max_length=2000)

@@ -16,6 +16,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.calls import call, call_or_none
     from workflows.outcome import PATCH_OUTCOME_LEDGER
     from workflows.remediation_types import (
+        ISSUE22_PATCHES,
         MAX_ACTIONS_KEPT,
         MAX_RUN_IDS_KEPT,
         PATCH_BOUNDED_STATE,
@@ -54,6 +55,15 @@ class Episode:
     def _no_harm(self) -> bool:
         """The do-no-harm rules (see PATCH_DO_NO_HARM)."""
         return workflow.patched(PATCH_DO_NO_HARM)
+
+    def _decide_issue22(self) -> None:
+        """Issue 22's fixes, decided once when the run starts (before any activity's marker): a run
+        started before them keeps the old behaviour, and meets the new one at continue-as-new."""
+        self._issue22 = {p for p in ISSUE22_PATCHES if workflow.patched(p)}
+
+    def _fixed(self, patch: str) -> bool:
+        """Whether this run has issue 22's fix `patch` (remediation_types.ISSUE22_PATCHES)."""
+        return patch in self._issue22
 
     def _local_cluster_calls(self) -> bool:
         """Short cluster-side calls (cordon, pod marks, events, ledger, guard signals) run as local

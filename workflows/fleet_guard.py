@@ -53,6 +53,7 @@ class FleetGuard(GuardBooks):
         self.s = inp.state or GuardState(fleet_size=inp.fleet_size)
         self._wake = True
         self._regrant: set[str] = set()
+        self._regrant_ids: dict[str, str] = {}  # holder -> the request id its re-grant echoes
         self._answers: list[tuple[str, QuarantineAnswer]] = []
         self._relearning = None
         # Decided once per run, here: queries (read-only) read it too.
@@ -65,6 +66,7 @@ class FleetGuard(GuardBooks):
         if any(h.holder == req.holder for h in self.s.holders):
             # A holder asking again (after continue-as-new, say) gets its grant again.
             self._regrant.add(req.holder)
+            self._regrant_ids[req.holder] = req.request_id
         elif not any(w.holder == req.holder for w in self.s.waiters):
             self.s.waiters.append(req)
             if self._new():
@@ -100,8 +102,11 @@ class FleetGuard(GuardBooks):
         self._wake = True
 
     @workflow.update
-    def pause(self, reason: str = "") -> GuardStatus:
-        self.s.paused, self.s.pause_reason = True, reason or "paused by operator"
+    def pause(self, reason: str = "", by: str = "") -> GuardStatus:
+        """`by`: who paused (the CLI sends its identity); kept with the reason, which every waiter's
+        status and `gpuheal guard` show."""
+        reason = reason or "paused by operator"
+        self.s.paused, self.s.pause_reason = True, f"{reason} (by {by})" if by else reason
         return self.status()
 
     @workflow.update
@@ -205,7 +210,7 @@ class FleetGuard(GuardBooks):
         if self._learning() and not self._forced():
             return  # no lease before the guard knows who holds one
         for holder in sorted(self._regrant):
-            await self._signal_grant(holder)
+            await self._signal_grant(holder, self._regrant_ids.pop(holder, ""))
         self._regrant.clear()
         while self.s.waiters and len(self.s.holders) < self._budget():
             req = self.s.waiters.pop(0)
@@ -216,13 +221,13 @@ class FleetGuard(GuardBooks):
             self.s.max_seen_holders = max(self.s.max_seen_holders, len(self.s.holders))
             if self.s.forced is not None and self.s.forced.leases > 0:
                 self.s.forced = self.s.forced.model_copy(update={"leases": self.s.forced.leases - 1})
-            await self._signal_grant(req.holder)
+            await self._signal_grant(req.holder, req.request_id)
         workflow.set_current_details(self._details())
 
-    async def _signal_grant(self, holder: str) -> None:
+    async def _signal_grant(self, holder: str, request_id: str = "") -> None:
         try:
             await workflow.get_external_workflow_handle(holder).signal(
-                HOLDER_SIGNAL_GRANTED, LeaseGrant(holder=holder, granted_at=workflow.now())
+                HOLDER_SIGNAL_GRANTED, LeaseGrant(holder=holder, granted_at=workflow.now(), request_id=request_id)
             )
         except FailureError:
             # The holder is gone (completed or terminated): its slot goes back to the budget.

@@ -6,6 +6,7 @@ from datetime import timedelta
 
 from pydantic import BaseModel, Field
 from temporalio import workflow
+from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
     from activities import contracts as c
@@ -17,8 +18,8 @@ with workflow.unsafe.imports_passed_through():
         policy_taken,
         take_controller_policy,
     )
-    from workflows.remediation_types import ActionRecord, Outcome
-    from workflows.validation import validate_twice
+    from workflows.remediation_types import PATCH_NODE_PROFILES, ActionRecord, Outcome
+    from workflows.validation import PATCH_LOAD_VALIDATION, validate_twice
 
 
 class AdmissionInput(BaseModel):
@@ -51,12 +52,17 @@ class NodeAdmission:
 
     @workflow.run
     async def run(self, inp: AdmissionInput) -> AdmissionResult:
+        profiles = workflow.patched(PATCH_NODE_PROFILES)  # decided before the first local activity
+        load = workflow.patched(PATCH_LOAD_VALIDATION)  # before the first local activity
         if controller_policy_applies():
             snap = await take_controller_policy(inp.node)
             trusted = {"policy": snap.policy, "expected_gpus": None}
             ignored = ignored_fields(inp, trusted)
             inp = self.inp = inp.model_copy(update=trusted)
             self._record("policy", *policy_taken(snap, ignored))
+        if profiles and inp.policy.observe:
+            # Observe mode never cordons: the node is validated and its baseline recorded, untainted.
+            inp = self.inp = inp.model_copy(update={"policy": inp.policy.model_copy(update={"dry_run": True})})
         await self._step(c.KUBE_QUARANTINE, c.QuarantineRequest(
             node=inp.node, fault_class="unvalidated", reason="new node: validation pending",
             taint_key=c.UNVALIDATED_TAINT, dry_run=inp.policy.dry_run), f"taint {inp.node} unvalidated")
@@ -74,13 +80,33 @@ class NodeAdmission:
                 f"replace {inp.node}: {reason}", c.ReplaceResult)
             return self._result(Outcome.DENIED_ADMISSION, reason, 0)
         passed = await validate_twice(inp.node, inp.policy.validation, inp.expected_gpus, self._record,
-                                      inp.policy.dry_run)
+                                      inp.policy.dry_run, tiers=("admission", "repair") if load else (None, None))
         if passed < 2:
             return self._result(Outcome.QUARANTINED, f"validation {passed + 1} of 2 failed: node stays tainted", passed)
+        if profiles:
+            await self._record_baseline(inp)
         await self._step(c.KUBE_RETURN_TO_SERVICE, c.ReturnToServiceRequest(
             node=inp.node, reason="admitted: validated twice", taint_keys=[c.UNVALIDATED_TAINT],
             dry_run=inp.policy.dry_run), f"admit {inp.node}: remove the unvalidated taint")
         return self._result(Outcome.HEALTHY, "validated twice; admitted", passed)
+
+    async def _record_baseline(self, inp: AdmissionInput) -> None:
+        """What the node has now, having passed twice, is its baseline: fewer or slower links later
+        are findings even where no profile names a number. Best effort: admission does not hang on it."""
+        summary = f"record {inp.node}'s baseline (what it has, validated)"
+        try:
+            inv = await call(c.NODE_INVENTORY, c.InventoryRequest(node=inp.node), c.InventoryResult,
+                             summary=f"inventory of {inp.node}", timeout=timedelta(minutes=2), attempts=3,
+                             task_queue=c.node_task_queue(inp.node), schedule_to_start=inp.policy.validation.agent_timeout)
+            if inv.inventory is None or inv.findings:
+                why = ", ".join(f.label() for f in inv.findings) or "a probe could not read it"
+                return self._record("baseline", summary, False, f"not recorded: {why}")
+            await call(c.PROFILE_RECORD_BASELINE, c.RecordBaselineRequest(
+                node=inp.node, inventory=inv.inventory, validated=True, dry_run=inp.policy.dry_run and not inp.policy.observe),
+                summary=summary, timeout=timedelta(seconds=30), attempts=5, max_interval=timedelta(seconds=10))
+        except ActivityError as err:
+            return self._record("baseline", summary, False, f"not recorded: {err.cause or err}")
+        self._record("baseline", summary, True, inv.inventory.summary())
 
     async def _step(self, name: str, req: BaseModel, summary: str, result_type: type | None = None):
         """A step that fails after its retries fails the admission: the node keeps its unvalidated

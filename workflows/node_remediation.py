@@ -20,6 +20,13 @@ with workflow.unsafe.imports_passed_through():
     from workflows.outcome import PATCH_OUTCOME_LEDGER, outcome_fields
     from workflows.remediation_steps import RemediationSteps
     from workflows.remediation_types import (
+        PATCH_AGENT_MISSING_TOP,
+        PATCH_APP_AGENT_MISSING,
+        PATCH_APPROVE_RUNG,
+        PATCH_KILL_IMPLICATED,
+        PATCH_LEASE_BACKOFF,
+        PATCH_NODE_PROFILES,
+        PATCH_REPEAT_PER_BOARD,
         SA_ATTRIBUTION,
         SA_FAULT,
         SA_UUIDS,
@@ -32,10 +39,12 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.report_intake import record_rejection, take_report
     from workflows.rungs import RungActions
+    from workflows.suspect import PATCH_SUSPECT_LOAD_TEST, SuspectCheck
+    from workflows.validation import PATCH_LOAD_VALIDATION
 
 
 @workflow.defn(name=c.EPISODE_WORKFLOW)
-class NodeRemediation(RungActions, RemediationSteps):
+class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
     """The runbook: triage, the ladder one rung at a time, return to service, probation. Its parts
     are lease.py (the guard), remediation_steps.py (cordon, drain, approval), rungs.py (the
     actions and validation), episode.py (state and records), report_intake.py (reports)."""
@@ -48,6 +57,9 @@ class NodeRemediation(RungActions, RemediationSteps):
         # Only a run this workflow continued carries state: a first run's input comes from whoever
         # sent the first report, and is never trusted with the episode's state.
         self.s = (inp.state if workflow.info().continued_run_id else None) or RemediationState()
+        self._decide_issue22()
+        self._profiles = False  # PATCH_NODE_PROFILES, decided with the other patches
+        self._lease_backoff = False  # PATCH_LEASE_BACKOFF, likewise
 
     # --- handlers: agents signal, operators update, everyone queries --------------------------
     @workflow.signal
@@ -58,10 +70,12 @@ class NodeRemediation(RungActions, RemediationSteps):
         if why is not None:
             record_rejection(self.s, why, raw, workflow.now())
             workflow.logger.warning("rejected report for %s: %s", self.node, why)
+        elif self.s.latest is not None and self.s.latest.source == "agent":
+            self.s.agent_boot_id = self.s.latest.boot_id  # only the agent's own boot ends a reboot's wait
 
     @workflow.signal(name=HOLDER_SIGNAL_GRANTED)
     def lease_granted(self, grant: LeaseGrant) -> None:
-        self.s.lease_held = True
+        self._take_grant(grant)
 
     @workflow.signal(name=HOLDER_SIGNAL_QUARANTINE)
     def quarantine_answer(self, answer: QuarantineAnswer) -> None:
@@ -95,15 +109,23 @@ class NodeRemediation(RungActions, RemediationSteps):
             raise ValueError("not paused")
 
     @workflow.update
-    def approve(self, by: str = "") -> RemediationStatus:
+    def approve(self, rung: str = "", by: str = "") -> RemediationStatus:
+        if not self._fixed(PATCH_APPROVE_RUNG):
+            by = by or rung  # callers before approve-names-rung sent only who asked
         self.s.approved.append(self.s.awaiting_approval)
         self._asked("approve", by, self.s.awaiting_approval.value)
         return self.status()
 
     @approve.validator
-    def _validate_approve(self, by: str = "") -> None:
+    def _validate_approve(self, rung: str = "", by: str = "") -> None:
         if self.s.awaiting_approval is None:
             raise ValueError("nothing awaits approval")
+        waiting = self.s.awaiting_approval.value
+        if self._fixed(PATCH_APPROVE_RUNG) and rung != waiting:
+            # The operator approves what they saw: a rung the episode moved past or to since is not approved.
+            said = f"you approved {rung!r}" if rung else "no rung named"
+            raise ValueError(f"{said}, but {self.node} awaits approval to {waiting}: nothing approved "
+                             f"(gpuheal approve {self.node} {waiting})")
 
     @workflow.update
     def skip_to(self, rung: str, by: str = "") -> RemediationStatus:
@@ -190,6 +212,9 @@ class NodeRemediation(RungActions, RemediationSteps):
         # Every patch is decided before the first local activity of a run: on replay, a patch
         # marker after a local activity's marker in one workflow task is a nondeterminism error.
         self._bounded(), self._no_harm(), self._local_cluster_calls(), self._guard_admission()
+        self._profiles = workflow.patched(PATCH_NODE_PROFILES)
+        self._lease_backoff = workflow.patched(PATCH_LEASE_BACKOFF)
+        workflow.patched(PATCH_LOAD_VALIDATION), workflow.patched(PATCH_SUSPECT_LOAD_TEST)  # read where used
         if workflow.info().continued_run_id and self.s.policy_sha256:
             return
         snap = await take_controller_policy(self.node)
@@ -217,6 +242,9 @@ class NodeRemediation(RungActions, RemediationSteps):
         self._upsert(*found)
         self._record("triage", f"triage {self.node}", True,
                      f"{t.fault_class} ({t.attribution}, {t.severity}): start at {t.start_rung.value}; {t.reason}")
+        if self._profiles and self.policy.observe:
+            return self._finish(Outcome.OBSERVED, f"observe mode ({self.policy.name}): would start at "
+                                                  f"{t.start_rung.value} ({t.fault_class}); nothing done")
         self.s.next_rung = t.start_rung
         if t.attribution == "platform":
             # Cordon first: it is safe, needs no budget, and every second counts for the jobs.
@@ -231,6 +259,11 @@ class NodeRemediation(RungActions, RemediationSteps):
     async def _climb_one_rung(self) -> None:
         rung = self.s.skip_to or self.s.next_rung
         self.s.skip_to = None
+        if rung is Rung.KILL and not self._gpus() and self._fixed(PATCH_KILL_IMPLICATED):
+            # "Every GPU" would kill other tenants' jobs for one that cannot be located.
+            return await self._leave_for_a_person(
+                f"kill: {self._fault_label()} names no GPU of {self.node} (its bus id maps to none): nothing "
+                "killed, other tenants' jobs untouched; cordoned for a person")
         if rung.disruptive:
             await self._quarantine()
             if self._quarantine_withheld() or not self._cordon_holds():
@@ -253,6 +286,9 @@ class NodeRemediation(RungActions, RemediationSteps):
             await self._acquire_lease()  # a long pause gave it back
             if self._steered():
                 return
+        if rung.disruptive and self._suspect_pending():
+            if await self._suspect_cleared() or self.s.stage is Stage.DONE:
+                return
         self.s.rungs_tried.append(rung)
         self.s.attempts[rung.value] = self.s.attempts.get(rung.value, 0) + 1
         acted = await self._act(rung)
@@ -268,9 +304,30 @@ class NodeRemediation(RungActions, RemediationSteps):
             self.s.fixed_by = rung
             return self._set_stage(Stage.RETURN if self.s.quarantined else Stage.PROBATION)
         self.s.next_rung = rung.above()
+        if self.s.agent_missing and (why := self._agent_missing_stops(rung)):
+            return await self._leave_for_a_person(why)
         if self.s.agent_missing and rung is not Rung.REBOOT:
             # Without its agent nothing node-local can run: reboot through the cloud API and wait for it.
             self.s.next_rung = Rung.REBOOT
+
+    def _agent_missing_stops(self, rung: Rung) -> str:
+        """Why a missing agent ends the ladder after `rung` ('' where a reboot may still bring it back):
+        an agent that is gone says nothing about the hardware, so it is never evidence to climb on."""
+        gone = f"agent_missing: no agent on {self.node} ran the work after {rung.value}"
+        if rung is Rung.KILL and self._fixed(PATCH_APP_AGENT_MISSING):
+            return (f"{gone}; an application fault is no reason to reboot the machine: "
+                    "it stays cordoned for a person")
+        if rung.rank >= Rung.REBOOT.rank and self._fixed(PATCH_AGENT_MISSING_TOP):
+            return (f"{gone}, though it rebooted; no evidence about the hardware, so nothing is replaced "
+                    "or denylisted: it stays quarantined for a person")
+        return ""
+
+    async def _leave_for_a_person(self, reason: str) -> None:
+        """The ladder has no evidence to go on: cordoned (safe, no budget) and left for a person, with why."""
+        await self._quarantine()
+        if self._quarantine_withheld() or not self._cordon_holds():
+            return
+        self._finish(Outcome.QUARANTINED, reason)
 
     async def _return_to_service(self) -> None:
         done = await self._kube(c.KUBE_RETURN_TO_SERVICE,
@@ -319,6 +376,7 @@ class NodeRemediation(RungActions, RemediationSteps):
                 fault_class=self.s.triage.fault_class, attribution=self.s.triage.attribution,
                 rungs=[r.value for r in self.s.rungs_tried], outcome=self.s.outcome.value,
                 started_at=self.s.started_at, ended_at=workflow.now(),
+                boards=self.s.implicated if self._fixed(PATCH_REPEAT_PER_BOARD) else [],
                 **(outcome_fields(self.s, self.inp.generation.value, workflow.now())
                    if workflow.patched(PATCH_OUTCOME_LEDGER) else {})), None,
                 f"record {self.node}'s episode in the ledger")

@@ -8,6 +8,7 @@ service (or the episode's end, when it never returned). Pure functions of the st
 from __future__ import annotations
 
 from datetime import datetime
+from types import MappingProxyType
 
 from temporalio import workflow
 
@@ -19,14 +20,14 @@ with workflow.unsafe.imports_passed_through():
 PATCH_OUTCOME_LEDGER = "outcome-ledger"
 MAX_PODS_KEPT = 200
 
-PHASE_OF_STEP = {
+PHASE_OF_STEP = MappingProxyType({
     "policy": "quarantine", "triage": "quarantine", c.KUBE_CHECK_NODE: "quarantine", c.KUBE_QUARANTINE: "quarantine",
     c.KUBE_ATTRIBUTE_PODS: "quarantine", "attribution": "quarantine", c.KUBE_EVENT: "quarantine",
     "quarantine": "waiting for the guard", "lease": "waiting for a lease", "approval": "waiting for approval",
     "operator": "waiting for an operator", c.KUBE_DRAIN: "drain", "drain": "drain",
     "kill": "kill", "reset": "reset", "reboot": "reboot", "boot_id": "reboot", "replace": "replace",
     "denylist": "replace", "validate": "validation", c.KUBE_RETURN_TO_SERVICE: "return to service",
-}
+})
 
 
 def phases(s: RemediationState, start: datetime, end: datetime) -> dict[str, float]:

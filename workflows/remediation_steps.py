@@ -16,7 +16,7 @@ with workflow.unsafe.imports_passed_through():
     from policies.model import Rung
     from workflows.calls import call_or_none
     from workflows.lease import GuardClient
-    from workflows.remediation_types import Outcome, Stage
+    from workflows.remediation_types import PATCH_APPROVAL_NO_LEASE, PATCH_REPEAT_PER_BOARD, Outcome, Stage
 
 
 class RemediationSteps(GuardClient):
@@ -66,14 +66,19 @@ class RemediationSteps(GuardClient):
 
     async def _is_repeat_offender(self) -> bool:
         ro = self.policy.repeat_offender
+        # Per board: the hardware a probe implicated, not every id of the node (a fault on each of
+        # three GPUs is three boards once each, not one node three times).
+        by_board = self._fixed(PATCH_REPEAT_PER_BOARD)
+        ids = self.s.implicated if by_board else self.s.hardware_ids
         if not self.s.hardware_ids:
-            return False
+            return False  # asked whenever the node named hardware, as before (recorded histories)
         count = await self._ledger(c.LEDGER_COUNT_RECENT, c.CountRecentRequest(
-            hardware_ids=self.s.hardware_ids, window_s=ro.window.total_seconds(), exclude_episode=self._episode()),
+            hardware_ids=ids, window_s=ro.window.total_seconds(), exclude_episode=self._episode(), by_board=by_board),
             int, f"count recent remediations of {self.node}'s hardware")
         if count is not None and count + 1 >= ro.threshold:
             self._record("triage", f"repeat offender {self.node}", True,
-                         f"{count} earlier remediations within {ro.window}: straight to replace")
+                         f"{count} earlier remediations of {'its board' if by_board else 'its hardware'} "
+                         f"({', '.join(ids[:2])}) within {ro.window}: straight to replace")
             return True
         return False
 
@@ -107,6 +112,11 @@ class RemediationSteps(GuardClient):
         rp = self.policy.ladder.for_rung(rung)
         if not rp.requires_approval or rung in self.s.approved:
             return True
+        if (self.s.lease_held or self.s.lease_requested) and self._fixed(PATCH_APPROVAL_NO_LEASE):
+            # A person may take a day: the fleet's budget is not held meanwhile (taken again once approved).
+            await self._release_lease()
+            self._record("lease", f"gave back {self.node}'s disruption lease", True,
+                         f"while {rung.value} waits for approval; taken again once approved")
         self.s.awaiting_approval = rung
         self._set_details()
         steerable = self._no_harm()

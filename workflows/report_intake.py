@@ -65,7 +65,8 @@ def fault_cleared(acted: list[Finding], latest: HealthReport | None) -> bool:
     the agent stops holding it; the fault it showed stays."""
     if latest is None or not latest.healthy or not acted:
         return False
-    return all(f.event_id is None and f.kind != "xid" for f in acted)
+    # A suspicion is no probed condition either: only the load test answers it.
+    return all(f.event_id is None and f.kind not in ("xid", "suspect") for f in acted)
 
 
 def take_report(s: RemediationState, raw: Any, *, node: str, generation: Generation, policy: Policy,

@@ -327,7 +327,8 @@ class WhatIfFleet:
     async def count_recent(self, req: c.CountRecentRequest) -> int:
         ids, since = set(req.hardware_ids), self.at(await self.now()) - timedelta(seconds=req.window_s)
         return sum(1 for r in self.records
-                   if ids & set(r.hardware_ids) and r.episode != req.exclude_episode and r.ended_at >= since)
+                   if ids & set(r.boards if req.by_board else r.hardware_ids) and r.episode != req.exclude_episode
+                   and r.ended_at >= since)
 
     @activity.defn(name=c.LEDGER_CHECK_DENIED)
     async def check_denied(self, req: c.CheckDeniedRequest) -> c.CheckDeniedResult:

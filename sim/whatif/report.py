@@ -50,31 +50,39 @@ def outcome_table(outcomes: list[PolicyOutcome], markdown: bool = False) -> str:
     if markdown:
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         return "\n".join([*lines, *("| " + " | ".join(r) + " |" for r in rows)])
-    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-    fmt = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()  # noqa: E731
-    return "\n".join([fmt(head), "  ".join("-" * w for w in widths), *(fmt(r) for r in rows)])
+    from workers.render import table
+
+    return table(head, rows)
 
 
 class ProgressBar:
-    """One bar per policy on a terminal, redrawn in place; nothing when piped."""
+    """One bar per policy on a terminal (rich), redrawn in place; nothing when piped."""
 
     def __init__(self, policies: list[str], out=None):
         self.out = out or sys.stderr
         self.policies = policies
         self.tty = self.out.isatty()
-        self.drawn = False
+        self.bars = None
 
     def __call__(self, fractions: list[float]) -> None:
         if not self.tty:
             return
-        lines = []
-        for name, f in zip(self.policies, fractions, strict=True):
-            n = int(f * 30)
-            lines.append(f"\x1b[2K  {name[:24]:<24} [{'#' * n}{'.' * (30 - n)}] {f * 100:5.1f}%\n")
-        up = f"\x1b[{len(lines)}F" if self.drawn else ""
-        self.out.write(up + "".join(lines))
-        self.out.flush()
-        self.drawn = True
+        if self.bars is None:
+            from rich.console import Console
+            from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
+
+            self.bars = Progress(TextColumn("  {task.description:<24}"), BarColumn(), TaskProgressColumn(),
+                                 console=Console(file=self.out), auto_refresh=False)
+            self.tasks = [self.bars.add_task(name[:24], total=1.0) for name in self.policies]
+            self.bars.start()
+        for task, f in zip(self.tasks, fractions, strict=True):
+            self.bars.update(task, completed=f)
+        self.bars.refresh()
+
+    def close(self) -> None:
+        if self.bars is not None:
+            self.bars.stop()
+            self.bars = None
 
 
 def plot(outcomes: list[PolicyOutcome], path: str) -> None:

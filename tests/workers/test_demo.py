@@ -71,16 +71,24 @@ async def test_demo_keep_is_a_clean_playground_and_sigterm_ends_it(tmp_path):
         assert "connection pool is full" not in text
         assert (tmp_path / ".gpuheal/logs/demo.log").stat().st_size > 0, "the servers' logs went to the file"
         await asyncio.sleep(1)
-        report_cmd = next(line.strip() for line in out.read_text().splitlines() if line.strip().startswith("gpuheal report"))
+        # The printed commands work as pasted: a shell without the venv on its PATH.
+        printed = [line.strip() for line in out.read_text().splitlines() if line.startswith("  ")]
+        report_cmd = next(cmd for cmd in printed if " report " in cmd)
         argv = shlex.split(report_cmd)
         node, address = argv[2], argv[argv.index("--temporal") + 1]
-        sent = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "workers.cli", *argv[1:]], cwd=tmp_path,
+        bare = {**os.environ, "PATH": "/usr/local/bin:/usr/bin:/bin"}
+        sent = await asyncio.to_thread(subprocess.run, report_cmd, shell=True, cwd="/", env=bare,
                                        capture_output=True, text=True, timeout=60)
         assert sent.returncode == 0, sent.stderr
         client = await Client.connect(address, data_converter=pydantic_data_converter)
         handle = client.get_workflow_handle(remediation_workflow_id(node), result_type=RemediationResult)
         result = await asyncio.wait_for(handle.result(), 120)
         assert (result.outcome, result.rungs) == ("returned", ["reboot"]), result
+        history_cmd = next(cmd for cmd in printed if " history " in cmd)
+        shown = await asyncio.to_thread(subprocess.run, history_cmd, shell=True, cwd="/", env=bare,
+                                        capture_output=True, text=True, timeout=60)
+        assert shown.returncode == 0 and "reboot" in shown.stdout, (shown.stdout, shown.stderr)
+        assert (tmp_path / ".gpuheal/dev-server.pid").exists(), "the demo records its dev server"
         await outcomes_of_the_demo(tmp_path, env, node)
         kids = children(proc.pid)
         assert kids, "the demo runs its dev server as a child"
@@ -88,10 +96,36 @@ async def test_demo_keep_is_a_clean_playground_and_sigterm_ends_it(tmp_path):
         assert await asyncio.to_thread(proc.wait, 60) == 0
         await asyncio.sleep(1)
         assert not [k for k in kids if alive(k)], "a child outlived the demo"
+        assert not (tmp_path / ".gpuheal/dev-server.pid").exists(), "a clean stop leaves no pid file"
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_leftover_dev_server_is_stopped_and_named(tmp_path, monkeypatch):
+    """A demo killed outright leaves its dev server; the next start stops the one its pid file
+    names (only if it is still a dev server) and says so."""
+    from workers import demo
+
+    # argv as the SDK starts it: <...>/temporal server start-dev ...
+    server = subprocess.Popen(["/bin/bash", "-c", f'exec -a "{tmp_path}/temporal" {sys.executable} '
+                               '-c "import time; time.sleep(300)" server start-dev'])
+    time.sleep(0.5)
+    try:
+        monkeypatch.chdir(tmp_path)
+        (tmp_path / ".gpuheal").mkdir()
+        (tmp_path / ".gpuheal/dev-server.pid").write_text(str(server.pid))
+        said = demo.stop_leftover_dev_server()
+        assert said and str(server.pid) in said
+        assert server.wait(15) is not None
+        assert demo.stop_leftover_dev_server() is None, "the pid file is gone once used"
+        other = subprocess.Popen(["sleep", "300"])
+        (tmp_path / ".gpuheal/dev-server.pid").write_text(str(other.pid))
+        assert demo.stop_leftover_dev_server() is None and other.poll() is None, "a reused pid is not ours to kill"
+        other.kill()
+    finally:
+        server.kill()
 
 
 async def outcomes_of_the_demo(cwd: Path, env: dict, hand_sent: str) -> None:

@@ -45,6 +45,11 @@ class FakeNode:
     hold: asyncio.Event | None = None  # drain waits on it when set (tests steer timing)
     pdb_stuck: bool = False  # the drain times out with the job's pod still there (escalate)
     agent: bool = True  # False: nobody polls node/<name> and no report comes from a new boot
+    # After a reboot that returns: "agent" reports from the new boot and serves; "once" reports once
+    # from it, then is gone; "watcher": only a condition watcher reports the kubelet's new boot id.
+    after_reboot: str = "agent"
+    lifecycle_hook: bool = False  # replace: a termination hook holds the instance (Terminating:Wait)
+    replaced_boot: int | None = None  # the boot whose host was replaced (the Node's replaced annotation)
     exists: bool = True  # False: the API server has no such node
     fail: set[str] = field(default_factory=set)  # activity names that fail for good (NoEffect) on this node
     pod_gpus: dict[str, list[int]] = field(default_factory=dict)  # what node.gpu_pods answers
@@ -82,6 +87,9 @@ class FakeFleet:
     fleet_size: int | None = None  # what kube.fleet_size answers; None: the nodes added
     events: list[c.EventRequest] = field(default_factory=list)
     holder_check_delay: float = 0.0  # how long guard.live_holders takes (a slow server)
+    agents: dict[str, Worker] = field(default_factory=dict)  # node -> the worker serving node/<name>
+    check_drain_lease: bool = False  # each drain asks the guard whether the node holds a lease
+    drained_without_lease: list[str] = field(default_factory=list)
     episodes_unlisted: bool = False  # guard.running_episodes fails (visibility down)
 
     def add(self, node: FakeNode) -> FakeNode:
@@ -142,6 +150,10 @@ class FakeFleet:
     @activity.defn(name=c.KUBE_DRAIN)
     async def drain(self, req: c.DrainRequest) -> c.DrainResult:
         n = self._node(req)
+        if self.check_drain_lease:
+            guard = await self.client.get_workflow_handle(guard_workflow_id(self.cluster)).query(FleetGuard.status)
+            if not any(h.node == n.name for h in guard.holders):
+                self.drained_without_lease.append(n.name)
         self.disruptive_now.add(n.name)
         self.max_disruptive = max(self.max_disruptive, len(self.disruptive_now))
         if n.hold is not None:
@@ -160,6 +172,9 @@ class FakeFleet:
         if n is None or not n.exists:
             return c.NodeCheckResult(exists=False, ours=False, reason=f"node {req.node} does not exist")
         self._node(req)
+        if n.replaced_boot == n.boot:  # as kube.check_node reads the replaced annotation
+            return c.NodeCheckResult(exists=True, ours=False, reason=f"node {n.name} was replaced: reports from its "
+                                     "old host start nothing")
         return c.NodeCheckResult(exists=True, ours=True)
 
     @activity.defn(name=c.KUBE_FLEET_SIZE)
@@ -180,7 +195,13 @@ class FakeFleet:
         if n.reboot_returns:
             n.boot += 1
             n.seq = 0
-            if n.agent:
+            if n.after_reboot != "agent":
+                await self.stop_agent(n.name)
+            if n.after_reboot == "watcher":
+                await send_report(self.client, HealthReport(
+                    node=n.name, boot_id=f"kubelet-{n.boot}", seq=1, source="watcher", detected_at=datetime.now(UTC)),
+                    node=n.name, cluster=self.cluster, task_queue=self.task_queue)
+            elif n.agent or n.after_reboot == "once":
                 await self.report(n.name)  # the agent's first report from the new boot
         return c.RebootResult(instance_id=f"i-{n.name}", rebooted=True, from_boot=from_boot)
 
@@ -192,6 +213,9 @@ class FakeFleet:
     async def replace(self, req: c.ReplaceRequest) -> c.ReplaceResult:
         n = self._node(req)
         self._leave_disruption(n.name)
+        n.replaced_boot = n.boot  # as cloud.replace marks the Node
+        if n.lifecycle_hook:
+            return c.ReplaceResult(instance_id=f"i-{n.name}", action="asg", lifecycle_state="Terminating:Wait")
         return c.ReplaceResult(instance_id=f"i-{n.name}", action="ec2")
 
     # --- node-local ----------------------------------------------------------------------------
@@ -226,7 +250,8 @@ class FakeFleet:
     @activity.defn(name=c.LEDGER_COUNT_RECENT)
     async def count_recent(self, req: c.CountRecentRequest) -> int:
         ids = set(req.hardware_ids)
-        return sum(1 for r in self.records if ids & set(r.hardware_ids) and r.episode != req.exclude_episode)
+        return sum(1 for r in self.records
+                   if ids & set(r.boards if req.by_board else r.hardware_ids) and r.episode != req.exclude_episode)
 
     @activity.defn(name=c.LEDGER_CHECK_DENIED)
     async def check_denied(self, req: c.CheckDeniedRequest) -> c.CheckDeniedResult:
@@ -237,6 +262,14 @@ class FakeFleet:
         added = [i for i in req.hardware_ids if i not in self.denylist]
         self.denylist.update({i: req.reason for i in added})
         return c.DenylistResult(added=added)
+
+    @activity.defn(name=c.LEDGER_BASELINE)
+    async def baseline(self, req: c.BaselineRequest) -> c.BaselineResult:
+        return c.BaselineResult()
+
+    @activity.defn(name=c.LEDGER_LOAD_FIGURES)
+    async def load_figures(self, rec: c.LoadFiguresRecord) -> None:
+        self.figures = [*getattr(self, "figures", []), rec]
 
     @activity.defn(name=c.POLICY_CURRENT)
     async def current_policy(self, req: c.PolicyRequest) -> c.PolicySnapshot:
@@ -260,14 +293,18 @@ class FakeFleet:
         return [self.quarantine, self.return_to_service, self.attribute_pods, self.drain, self.reboot,
                 self.replace, self.kill, self.reset, self.validate, self.record, self.count_recent,
                 self.denylist_add, self.check_denied, self.event, self.count_fleet, guard.signal_guard,
-                self.live_holders, self.running_episodes, self.quarantined_nodes, self.check_node, self.kubelet_boot_id, self.gpu_pods, self.current_policy]
+                self.live_holders, self.running_episodes, self.quarantined_nodes, self.check_node, self.kubelet_boot_id, self.gpu_pods, self.current_policy,
+                self.baseline, self.load_figures]
 
     @contextlib.asynccontextmanager
     async def workers(self):
         """The controller's worker plus one per node queue (what each node's agent would serve)."""
-        queues = [self.task_queue, *(c.node_task_queue(n.name) for n in self.nodes.values() if n.agent)]
-        ws = [Worker(self.client, task_queue=q, workflows=[NodeRemediation, FleetGuard, NodeAdmission] if q == self.task_queue else [],
-                     activities=self.activities()) for q in queues]
+        ws = [Worker(self.client, task_queue=self.task_queue, workflows=[NodeRemediation, FleetGuard, NodeAdmission],
+                     activities=self.activities())]
+        for n in self.nodes.values():
+            if n.agent:
+                self.agents[n.name] = Worker(self.client, task_queue=c.node_task_queue(n.name), activities=self.activities())
+                ws.append(self.agents[n.name])
         async with contextlib.AsyncExitStack() as stack:
             for w in ws:
                 await stack.enter_async_context(w)
@@ -275,6 +312,12 @@ class FakeFleet:
                 yield
             finally:
                 await self.stop_guard()
+
+    async def stop_agent(self, name: str) -> None:
+        """The node's agent dies: nobody polls node/<name> any more (shutting down twice is harmless)."""
+        self.nodes[name].agent = False
+        if (w := self.agents.pop(name, None)) is not None:
+            await w.shutdown()
 
     async def stop_guard(self) -> None:
         """The guard runs forever; left behind without its worker it would stall the time-skipping
@@ -287,6 +330,10 @@ class FakeFleet:
                     break
                 await asyncio.sleep(0.05)
             await handle.terminate("test over")
+
+
+# Activities that change a node: under a dry run each must carry dry_run (the denylist is checked apart).
+DESTRUCTIVE = {c.KUBE_DRAIN, c.NODE_KILL, c.NODE_RESET, c.CLOUD_REBOOT, c.CLOUD_REPLACE}
 
 
 def xid(code: int, gpu: int = 2) -> Finding:
