@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from activities import contracts as c
 
 REPEAT_WINDOWS_D = (7, 30)
-GROUPS = {"fault": lambda r: r.fault_class or "none", "profile": lambda r: r.profile or "unknown",
+GROUPS = {"fault": lambda r: r.fault_class or "none", "profile": lambda r: r.profile or "none",
           "sku": lambda r: r.sku or "unknown"}
 
 
@@ -97,7 +97,7 @@ def count_outcome(meter, r: c.RemediationRecord, repeats: dict[int, int]) -> Non
     fault = r.fault_class or "none"
     meter.create_counter("gpuheal_episodes_recorded", "episodes the ledger recorded, by outcome").add(1, {
         "outcome": r.outcome, "fault_class": fault, "attribution": r.attribution or "none",
-        "profile": r.profile or "unknown", "sku": r.sku or "unknown"})
+        "profile": r.profile or "none", "sku": r.sku or "unknown"})
     lost = meter.create_counter("gpuheal_node_seconds_lost", "node-seconds out of service, by cause and phase", "s")
     for phase, s in _lost_by_phase(r).items():
         if int(s) > 0:

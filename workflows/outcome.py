@@ -78,7 +78,7 @@ def outcome_fields(s: RemediationState, generation: str, now: datetime) -> dict:
         "detected_at": detected, "returned_at": back,
         "out_of_service_s": round((end - start).total_seconds(), 3) if quarantined else 0.0,
         "phases": phases(s, start, end), "pods": interrupted_pods(s), "sku": generation,
-        "profile": s.policy_name or None, "finding": first_finding(s),
+        "profile": s.profile or None, "finding": first_finding(s),
         "validations": {"passed": sum(1 for a in s.actions if a.step == "validate" and a.ok),
                         "failed": sum(1 for a in s.actions if a.step == "validate" and not a.ok)},
         "agent_missing": s.agent_missing or any("agent_missing" in a.detail for a in s.actions),
