@@ -12,6 +12,7 @@ from collections import Counter, defaultdict
 from datetime import datetime, timedelta
 
 from activities import contracts as c
+from workflows.outcome import IN_SERVICE
 
 REPEAT_WINDOWS_D = (7, 30)
 GROUPS = {"fault": lambda r: r.fault_class or "none", "profile": lambda r: r.profile or "none",
@@ -21,12 +22,13 @@ GROUPS = {"fault": lambda r: r.fault_class or "none", "profile": lambda r: r.pro
 def _lost_by_phase(r: c.RemediationRecord) -> dict[str, float]:
     """The node's out-of-service seconds by phase: the phases scaled to the time it was out."""
     out = r.out_of_service_s or 0.0
-    total = sum(r.phases.values())
+    phases = {p: s for p, s in r.phases.items() if p != IN_SERVICE}
+    total = sum(phases.values())
     if out <= 0:
         return {}
     if total <= 0:
         return {"unrecorded": out}
-    return {p: s * out / total for p, s in r.phases.items()}
+    return {p: s * out / total for p, s in phases.items()}
 
 
 def _shares(a: c.RemediationRecord, b: c.RemediationRecord) -> bool:
