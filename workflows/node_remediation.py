@@ -254,6 +254,7 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
         self.inp = self.inp.model_copy(update=trusted)
         self.policy = snap.policy
         self.s.policy_name, self.s.policy_sha256 = snap.name, snap.sha256
+        self.s.profile = snap.profile or ""  # the outcome ledger's --by profile
         self._record("policy", *policy_taken(snap, ignored))
 
     async def _triage(self) -> None:

@@ -167,6 +167,7 @@ class RemediationState(BaseModel):
     suspect_tested: bool = Field(default=False, description="A suspect node's load test before the ladder has run.")
     pods_marked: list[str] = Field(default_factory=list, description="Pods the fault's attribution was marked on.")
     pods_evicted: list[str] = Field(default_factory=list, description="Pods the drain evicted.")
+    profile: str = Field(default="", description="The node's profile the controller applied ('' for none).")
 
 
 class RemediationInput(BaseModel):
