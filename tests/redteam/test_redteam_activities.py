@@ -171,3 +171,20 @@ def test_board_count_without_serials_counts_each_gpu_apart(tmp_path):
     assert ledger.count_recent(["GPU-1"], since, None, by_board=False) == 2
     assert ledger.count_recent([], since, None, by_board=True) == 0
     assert ledger.count_recent(["GPU-1"], since, "e1", by_board=True) == 0
+
+
+def test_dynamo_board_count_without_serials_counts_each_gpu_apart(aws):
+    """The same attack on DynamoDB (moto): boards are matched by exact key, never as a prefix (held)."""
+    from activities.ledger import DynamoLedger
+    ddb = aws("dynamodb")
+    DynamoLedger.create_table(ddb, "ledger")
+    ledger = DynamoLedger(ddb, "ledger")
+    now = datetime.now(UTC)
+    ledger.record(rec("e1", ["GPU-1"], ["GPU-1", "GPU-10"], now))
+    ledger.record(rec("e2", ["GPU-10"], ["GPU-1", "GPU-10"], now))
+    dry = rec("e3", ["GPU-1"], ["GPU-1"], now).model_copy(update={"outcome": "dry_run"})
+    ledger.record(dry)
+    since = now - timedelta(days=1)
+    assert ledger.count_recent(["GPU-1"], since, None, by_board=True) == 1, "a dry run is no remediation"
+    assert ledger.count_recent(["GPU-1"], since, None, by_board=False) == 2
+    assert ledger.count_recent(["GPU-1"], since, "e1", by_board=True) == 0

@@ -180,3 +180,42 @@ async def test_dry_run_kill_without_gpu_changes_nothing(ts_env, uniq):
     result, _ = await run_with_status(fleet, n)
     assert all(r.dry_run for r in n.requests.get(c.KUBE_QUARANTINE, []))
     assert not n.requests.get(c.NODE_KILL) and fleet.denylist == {}
+
+
+async def test_dry_run_admission_of_denylisted_hardware_changes_nothing(ts_env, uniq):
+    """Dry run through admission (defect 1's other door): a node carrying denylisted hardware is
+    not tainted, terminated or replaced for real (held)."""
+    from tests.workflows.test_fleet_safety import admit
+    policy = default_policy()
+    policy.dry_run = True
+    fleet = fleet_of(FakeFleet, ts_env, uniq, policy)
+    n = fleet.add(FakeNode(f"dryadmit-{uniq}", [], faulty=False))
+    fleet.denylist[f"SN-{n.name}-2"] = "replaced: Xid 79 on node old-7"
+    async with fleet.workers():
+        result = await admit(fleet, n, policy)
+    assert result.outcome == "denied_admission"
+    for kind in (c.KUBE_QUARANTINE, c.CLOUD_REPLACE):
+        assert n.requests[kind] and all(r.dry_run for r in n.requests[kind]), kind
+    assert all(e.dry_run for e in fleet.events)
+
+
+@dataclass
+class AgentDiesBetweenValidations(FakeFleet):
+    """The agent comes back from the reboot, passes validation 1 of 2, and dies during the soak."""
+
+    @activity.defn(name=c.NODE_VALIDATE)
+    async def validate(self, req: c.ValidateRequest) -> c.ValidationResult:
+        n = self._node(req)
+        n.agent = False
+        asyncio.get_running_loop().create_task(self.stop_agent(n.name))
+        return c.ValidationResult(passed=not n.faulty, findings=n.findings if n.faulty else [], checks=["fake"])
+
+
+async def test_agent_gone_between_the_two_validations_after_reboot_is_not_replaced(ts_env, uniq):
+    """Defect 2's neighbour: the agent is gone during validation (not after a reset or at the
+    reboot): quarantined for a person, nothing replaced or denylisted (held)."""
+    fleet = fleet_of(AgentDiesBetweenValidations, ts_env, uniq, agent_policy())
+    n = fleet.add(FakeNode(f"val2-{uniq}", [xid(79)], cured_by="reboot"))
+    result, status = await run_with_status(fleet, n)
+    assert "cloud.replace" not in n.calls and fleet.denylist == {}
+    assert result.outcome == "quarantined" and result.reason.startswith("agent_missing"), result.reason
