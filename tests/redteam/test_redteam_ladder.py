@@ -12,7 +12,7 @@ import pytest
 from temporalio import activity
 
 from activities import contracts as c
-from policies.findings import HealthReport
+from policies.findings import Finding, HealthReport
 from policies.loader import default_policy
 from tests.workflows.fakes import DESTRUCTIVE, FakeFleet, FakeNode, xid
 from tests.workflows.test_node_remediation import run_with_status
@@ -174,7 +174,6 @@ async def test_dry_run_kill_without_gpu_changes_nothing(ts_env, uniq):
     policy = default_policy()
     policy.dry_run = True
     fleet = fleet_of(FakeFleet, ts_env, uniq, policy)
-    from policies.findings import Finding
     lost = Finding(kind="xid", xid=13, pci="0000:99:00", message="Xid 13 at an unknown bus id")
     n = fleet.add(FakeNode(f"drylost-{uniq}", [lost], cured_by="kill"))
     result, _ = await run_with_status(fleet, n)
@@ -219,3 +218,29 @@ async def test_agent_gone_between_the_two_validations_after_reboot_is_not_replac
     result, status = await run_with_status(fleet, n)
     assert "cloud.replace" not in n.calls and fleet.denylist == {}
     assert result.outcome == "quarantined" and result.reason.startswith("agent_missing"), result.reason
+
+
+@dataclass
+class DryRebootStays(FakeFleet):
+    """A dry-run reboot reboots nothing: no new boot, no report from one (the stand-in reboots anyway)."""
+
+    @activity.defn(name=c.CLOUD_REBOOT)
+    async def reboot(self, req: c.RebootRequest) -> c.RebootResult:
+        n = self._node(req)
+        assert req.dry_run, "this stand-in serves dry runs only"
+        return c.RebootResult(instance_id=f"i-{n.name}", rebooted=False, dry_run=True)
+
+
+async def test_dry_run_starting_at_reboot_ends_dry_without_replacing(ts_env, uniq):
+    """Defect 1 with another starting rung: a dry-run reboot brings no new boot; the episode waits,
+    then says what it would have done, never climbing to a replacement or a denylist (held)."""
+    policy = default_policy()
+    policy.dry_run = True
+    fleet = fleet_of(DryRebootStays, ts_env, uniq, policy)
+    n = fleet.add(FakeNode(f"dryboot-{uniq}", [xid(79)], cured_by="reboot"))
+    result, _ = await run_with_status(fleet, n)
+    assert (result.outcome, [r.value for r in result.rungs]) == ("dry_run", ["reboot"])
+    assert "cloud.replace" not in n.calls and fleet.denylist == {}
+    for kind, reqs in n.requests.items():
+        if kind in DESTRUCTIVE:
+            assert all(r.dry_run for r in reqs), f"{kind} sent without dry_run"
