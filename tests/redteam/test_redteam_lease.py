@@ -66,6 +66,15 @@ async def _true(v: bool) -> bool:
     return v
 
 
+async def eventually(predicate, timeout: float = 10.0) -> bool:
+    """Whether `predicate()` holds within `timeout` s (the defect shows within it, a loaded machine or not)."""
+    for _ in range(int(timeout / 0.1)):
+        if predicate():
+            return True
+        await asyncio.sleep(0.1)
+    return False
+
+
 async def test_skip_while_waiting_for_a_lease_then_approval_holds_no_lease(ts_env, uniq):
     """B waits for the lease (A holds the only one); an operator skips B to reboot, which needs
     approval: B's outstanding request is given back for the wait, a late grant of it is ignored,
@@ -118,7 +127,7 @@ async def test_pause_during_the_approval_wait_holds_the_drain(ts_env, uniq):
         await wait_for(lambda: _awaiting(h, "reset"), timeout=20)
         await h.execute_update(NodeRemediation.pause, "customer job finishing")
         await h.execute_update(NodeRemediation.approve, "reset")
-        await asyncio.sleep(2)
+        await eventually(lambda: "kube.drain" in n.calls)
         s = await status(h)
         drained_while_paused = s.paused and "kube.drain" in n.calls
         held_lease_while_paused = s.paused and s.lease_held
@@ -142,7 +151,7 @@ async def test_pause_during_the_lease_wait_holds_the_drain(ts_env, uniq):
         await hb.execute_update(NodeRemediation.pause, "hands off")
         a.hold.set()
         await ha.result()
-        await asyncio.sleep(2)
+        await eventually(lambda: "kube.drain" in b.calls)
         s = await status(hb)
         drained_while_paused = s.paused and "kube.drain" in b.calls
         await hb.execute_update(NodeRemediation.resume)
