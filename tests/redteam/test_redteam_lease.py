@@ -56,7 +56,7 @@ async def test_grant_without_request_id_is_not_a_lease_while_the_guard_says_wait
         hb = await fleet.report(b.name)
         await wait_for(lambda: waiting_for_lease(hb), timeout=20)
         await hb.signal("lease_granted", LeaseGrant(holder=hb.id, granted_at=datetime.now(UTC)))
-        await asyncio.sleep(1)
+        await eventually(lambda: "kube.drain" in b.calls)  # with A still holding the only lease
         a.hold.set()
         await ha.result(), await hb.result()
     assert fleet.drained_without_lease == [], "a drain ran with no holder at the guard"
