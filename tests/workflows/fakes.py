@@ -248,6 +248,11 @@ class FakeFleet:
         return c.HardwareIdsResult(hardware_ids=sorted({g.uuid for g in gpus} | {g.serial for g in gpus if g.serial}),
                                    gpus=len(gpus))
 
+    @activity.defn(name=c.NODE_INVENTORY)
+    async def inventory(self, req: c.InventoryRequest) -> c.InventoryResult:
+        """The stand-in models no hardware inventory: admission records no baseline (it says so)."""
+        return c.InventoryResult(inventory=None)
+
     @activity.defn(name=c.NODE_VALIDATE)
     async def validate(self, req: c.ValidateRequest) -> c.ValidationResult:
         n = self._node(req)
@@ -327,7 +332,7 @@ class FakeFleet:
                 self.replace, self.kill, self.reset, self.validate, self.record, self.count_recent,
                 self.denylist_add, self.check_denied, self.event, self.count_fleet, guard.signal_guard,
                 self.live_holders, self.running_episodes, self.quarantined_nodes, self.check_node, self.kubelet_boot_id, self.gpu_pods, self.current_policy,
-                self.baseline, self.load_figures, self.hardware_ids, self.admit, self.admitted, self.running_holders,
+                self.baseline, self.load_figures, self.hardware_ids, self.inventory, self.admit, self.admitted, self.running_holders,
                 self.last_started]
 
     @contextlib.asynccontextmanager
