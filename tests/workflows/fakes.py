@@ -91,6 +91,8 @@ class FakeFleet:
     check_drain_lease: bool = False  # each drain asks the guard whether the node holds a lease
     drained_without_lease: list[str] = field(default_factory=list)
     episodes_unlisted: bool = False  # guard.running_episodes fails (visibility down)
+    record_hold: asyncio.Event | None = None  # ledger.record waits on it (an episode held in its close)
+    record_started: asyncio.Event = field(default_factory=asyncio.Event)
     guard_client: Client | None = None  # the guard's activities' client (tests slow its calls down)
     admitted_hw: dict[str, set[str]] = field(default_factory=dict)  # the ledger's admissions: node -> hardware
 
@@ -256,6 +258,9 @@ class FakeFleet:
     # --- ledger --------------------------------------------------------------------------------
     @activity.defn(name=c.LEDGER_RECORD)
     async def record(self, rec: c.RemediationRecord) -> None:
+        if self.record_hold is not None:  # the episode is closing: tests send reports meanwhile
+            self.record_started.set()
+            await self.record_hold.wait()
         if all(r.episode != rec.episode for r in self.records):
             self.records.append(rec)
 
