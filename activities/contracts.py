@@ -328,8 +328,8 @@ class RemediationRecord(BaseModel):
     finding: Finding | None = Field(default=None, description="The finding that set the first rung (what-if replays it).")
     validations: dict[str, int] = Field(default_factory=dict, description="Validation runs: passed and failed.")
     agent_missing: bool = Field(default=False, description="A node-local step found no agent on the node.")
-    sku: str | None = None
-    profile: str | None = None
+    sku: str | None = Field(default=None, description="The node's GPU generation (hopper, ...).")
+    profile: str | None = Field(default=None, description="The node's profile (policies/profiles.py), if one applied.")
 
 
 class CountRecentRequest(BaseModel):

@@ -20,8 +20,6 @@ with workflow.unsafe.imports_passed_through():
     from workflows.outcome import PATCH_OUTCOME_LEDGER, outcome_fields
     from workflows.remediation_steps import RemediationSteps
     from workflows.remediation_types import (
-        PATCH_AGENT_MISSING_TOP,
-        PATCH_APP_AGENT_MISSING,
         PATCH_APPROVE_RUNG,
         PATCH_KILL_IMPLICATED,
         PATCH_LEASE_BACKOFF,
@@ -207,7 +205,7 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
         if s.admission == "deferred":
             return f"room to quarantine: {s.admission_reason}"
         if s.awaiting_approval is not None:
-            return f"approval to {s.awaiting_approval.value} (gpuheal approve {self.node})"
+            return f"approval to {s.awaiting_approval.value} (gpuheal approve {self.node} {s.awaiting_approval.value})"
         if s.lease_requested and not s.lease_held:
             return "a disruption lease from the fleet guard"
         if s.stage is Stage.PROBATION:
@@ -262,6 +260,7 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
         self.inp = self.inp.model_copy(update=trusted)
         self.policy = snap.policy
         self.s.policy_name, self.s.policy_sha256 = snap.name, snap.sha256
+        self.s.profile = snap.profile or ""  # the outcome ledger's --by profile
         self._record("policy", *policy_taken(snap, ignored))
 
     async def _triage(self) -> None:
@@ -351,25 +350,6 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
         if self.s.agent_missing and rung is not Rung.REBOOT:
             # Without its agent nothing node-local can run: reboot through the cloud API and wait for it.
             self.s.next_rung = Rung.REBOOT
-
-    def _agent_missing_stops(self, rung: Rung) -> str:
-        """Why a missing agent ends the ladder after `rung` ('' where a reboot may still bring it back):
-        an agent that is gone says nothing about the hardware, so it is never evidence to climb on."""
-        gone = f"agent_missing: no agent on {self.node} ran the work after {rung.value}"
-        if rung is Rung.KILL and self._fixed(PATCH_APP_AGENT_MISSING):
-            return (f"{gone}; an application fault is no reason to reboot the machine: "
-                    "it stays cordoned for a person")
-        if rung.rank >= Rung.REBOOT.rank and self._fixed(PATCH_AGENT_MISSING_TOP):
-            return (f"{gone}, though it rebooted; no evidence about the hardware, so nothing is replaced "
-                    "or denylisted: it stays quarantined for a person")
-        return ""
-
-    async def _leave_for_a_person(self, reason: str) -> None:
-        """The ladder has no evidence to go on: cordoned (safe, no budget) and left for a person, with why."""
-        await self._quarantine()
-        if self._quarantine_withheld() or not self._cordon_holds():
-            return
-        self._finish(Outcome.QUARANTINED, reason)
 
     async def _return_to_service(self) -> None:
         done = await self._kube(c.KUBE_RETURN_TO_SERVICE,

@@ -111,6 +111,13 @@ class RemediationSteps(GuardClient):
                      "nothing disruptive done; a person must cordon or fix access")
         return False
 
+    async def _leave_for_a_person(self, reason: str) -> None:
+        """The ladder has no evidence to go on: cordoned (safe, no budget) and left for a person, with why."""
+        await self._quarantine()
+        if self._quarantine_withheld() or not self._cordon_holds():
+            return
+        self._finish(Outcome.QUARANTINED, reason)
+
     async def _is_repeat_offender(self) -> bool:
         ro = self.policy.repeat_offender
         # Per board: the hardware a probe implicated, not every id of the node (a fault on each of

@@ -142,6 +142,7 @@ class RemediationState(BaseModel):
     lease_held: bool = False
     lease_requests: int = Field(default=0, description="Lease requests made: each new one gets the next id.")
     lease_request_id: str = Field(default="", description="The outstanding request's id (its grant must echo it).")
+    stray_grants: int = Field(default=0, description="Grants ignored: not for the request outstanding (late, duplicate).")
     guard_notified: bool = False
     validations: int = 0
     detect_to_cordon_ms: int | None = None
@@ -170,6 +171,7 @@ class RemediationState(BaseModel):
     suspect_tested: bool = Field(default=False, description="A suspect node's load test before the ladder has run.")
     pods_marked: list[str] = Field(default_factory=list, description="Pods the fault's attribution was marked on.")
     pods_evicted: list[str] = Field(default_factory=list, description="Pods the drain evicted.")
+    profile: str = Field(default="", description="The node's profile the controller applied ('' for none).")
 
 
 class RemediationInput(BaseModel):

@@ -32,7 +32,9 @@ async def validate_once(node: str, policy: ValidationPolicy, expected_gpus: int 
     AgentMissing instead of counting as a failed validation. With a `tier` (PATCH_LOAD_VALIDATION)
     the node is load-tested, judged against its SKU's fleet figures, and the figures are ledgered;
     `found` collects the findings of a failed run."""
-    summary = f"validate {node} ({label}): fresh probes + dcgm r{policy.dcgm_level}"
+    # The activity's summary says what is asked for; the step record says what actually ran.
+    dcgm = f"dcgm r{policy.dcgm_level}" if policy.dcgm_required else f"dcgm r{policy.dcgm_level} where installed"
+    summary = f"validate {node} ({label}): fresh probes, {dcgm}"
     extra, timeout = {}, policy.timeout
     if tier is not None:
         summary = f"validate {node} ({label}): fresh probes + {tier} load test"
@@ -67,7 +69,8 @@ async def validate_once(node: str, policy: ValidationPolicy, expected_gpus: int 
                                      + [describe(result.load)])
     elif tier is not None and not result.passed:
         detail += "\n" + "\n".join(f.message for f in result.findings[:16])
-    record("validate", summary, result.passed, f"{detail} ({', '.join(result.checks)})")
+    ran = f"validate {node} ({label}): {', '.join(result.checks) or 'nothing ran'}"
+    record("validate", ran, result.passed, detail)
     if result.load is not None and result.load.gpus:
         info = workflow.info()
         await call_or_none(lambda why: record("figures", f"record {node}'s load figures", False, why),
