@@ -359,7 +359,7 @@ class WhatIfFleet:
                 self.check_node, self.count_fleet, self.quarantined_nodes, self.reboot, self.kubelet_boot_id,
                 self.replace, self.record, self.count_recent, self.check_denied, self.denylist_add, self.sku_baseline,
                 PolicyActivities(self.policy, "whatif").current, guard.signal_guard, guard.live_holders,
-                guard.running_episodes]
+                guard.running_episodes, guard.running_holders]
 
     async def _ensure_worker(self, node: str) -> None:
         """What the node's agent serves, started when the node first needs it."""
