@@ -181,7 +181,8 @@ class FakeFleet:
         if n.replaced_boot == n.boot:  # as kube.check_node reads the replaced annotation
             return c.NodeCheckResult(exists=True, ours=False, reason=f"node {n.name} was replaced: reports from its "
                                      "old host start nothing")
-        return c.NodeCheckResult(exists=True, ours=True, quarantined="fault" if n.cordoned else None)
+        held = n.cordoned and n.replaced_boot is None  # a replaced host's taint holds nothing for a new one
+        return c.NodeCheckResult(exists=True, ours=True, quarantined="fault" if held else None)
 
     @activity.defn(name=c.KUBE_FLEET_SIZE)
     async def count_fleet(self) -> int:
