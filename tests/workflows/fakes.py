@@ -91,6 +91,8 @@ class FakeFleet:
     check_drain_lease: bool = False  # each drain asks the guard whether the node holds a lease
     drained_without_lease: list[str] = field(default_factory=list)
     episodes_unlisted: bool = False  # guard.running_episodes fails (visibility down)
+    record_hold: asyncio.Event | None = None  # ledger.record waits on it (an episode held in its close)
+    record_started: asyncio.Event = field(default_factory=asyncio.Event)
     guard_client: Client | None = None  # the guard's activities' client (tests slow its calls down)
     admitted_hw: dict[str, set[str]] = field(default_factory=dict)  # the ledger's admissions: node -> hardware
 
@@ -179,7 +181,8 @@ class FakeFleet:
         if n.replaced_boot == n.boot:  # as kube.check_node reads the replaced annotation
             return c.NodeCheckResult(exists=True, ours=False, reason=f"node {n.name} was replaced: reports from its "
                                      "old host start nothing")
-        return c.NodeCheckResult(exists=True, ours=True, quarantined="fault" if n.cordoned else None)
+        held = n.cordoned and n.replaced_boot is None  # a replaced host's taint holds nothing for a new one
+        return c.NodeCheckResult(exists=True, ours=True, quarantined="fault" if held else None)
 
     @activity.defn(name=c.KUBE_FLEET_SIZE)
     async def count_fleet(self) -> int:
@@ -261,6 +264,9 @@ class FakeFleet:
     # --- ledger --------------------------------------------------------------------------------
     @activity.defn(name=c.LEDGER_RECORD)
     async def record(self, rec: c.RemediationRecord) -> None:
+        if self.record_hold is not None:  # the episode is closing: tests send reports meanwhile
+            self.record_started.set()
+            await self.record_hold.wait()
         if all(r.episode != rec.episode for r in self.records):
             self.records.append(rec)
 
