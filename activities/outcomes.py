@@ -12,21 +12,23 @@ from collections import Counter, defaultdict
 from datetime import datetime, timedelta
 
 from activities import contracts as c
+from workflows.outcome import IN_SERVICE
 
 REPEAT_WINDOWS_D = (7, 30)
-GROUPS = {"fault": lambda r: r.fault_class or "none", "profile": lambda r: r.profile or "unknown",
+GROUPS = {"fault": lambda r: r.fault_class or "none", "profile": lambda r: r.profile or "none",
           "sku": lambda r: r.sku or "unknown"}
 
 
 def _lost_by_phase(r: c.RemediationRecord) -> dict[str, float]:
     """The node's out-of-service seconds by phase: the phases scaled to the time it was out."""
     out = r.out_of_service_s or 0.0
-    total = sum(r.phases.values())
+    phases = {p: s for p, s in r.phases.items() if p != IN_SERVICE}
+    total = sum(phases.values())
     if out <= 0:
         return {}
     if total <= 0:
         return {"unrecorded": out}
-    return {p: s * out / total for p, s in r.phases.items()}
+    return {p: s * out / total for p, s in phases.items()}
 
 
 def _shares(a: c.RemediationRecord, b: c.RemediationRecord) -> bool:
@@ -97,7 +99,7 @@ def count_outcome(meter, r: c.RemediationRecord, repeats: dict[int, int]) -> Non
     fault = r.fault_class or "none"
     meter.create_counter("gpuheal_episodes_recorded", "episodes the ledger recorded, by outcome").add(1, {
         "outcome": r.outcome, "fault_class": fault, "attribution": r.attribution or "none",
-        "profile": r.profile or "unknown", "sku": r.sku or "unknown"})
+        "profile": r.profile or "none", "sku": r.sku or "unknown"})
     lost = meter.create_counter("gpuheal_node_seconds_lost", "node-seconds out of service, by cause and phase", "s")
     for phase, s in _lost_by_phase(r).items():
         if int(s) > 0:

@@ -79,8 +79,10 @@ def main() -> None:
     ap.add_argument("--full-llama3", action="store_true", help="also run the Llama 3 shape on the full what-if")
     ap.add_argument("--plot", default=None, metavar="OUT.png")
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--no-llama3", action="store_true", help="only the seed's claim")
     args = ap.parse_args()
-    llama3(args.full_llama3)
+    if not args.no_llama3:
+        llama3(args.full_llama3)
     seed_claim(args.plot, args.jobs)
 
 

@@ -107,6 +107,9 @@ class Agent:
     async def step(self) -> HealthReport | None:
         """One poll; returns the report it sent, if any."""
         self._look_up_expectations()
+        if self.expectations is None and self._lookup is not None:
+            # Until the first answer, give the controller a moment: a cycle without its profile checks less.
+            await asyncio.wait({self._lookup}, timeout=10)
         snap = await asyncio.to_thread(run_cycle, self.config.probe, self.nv)
         if not snap.findings and snap.inventory is not None:
             self._look_up_expectations(learn=snap.inventory)
@@ -128,7 +131,9 @@ class Agent:
             self.announce = False
             return None
         self.announce = False
-        self.seq += 1
+        # On the wall clock (never backwards): past a spoofed sequence, clamped by the workflow to its
+        # clock, within the clocks' skew.
+        self.seq = max(self.seq + 1, time.time_ns() // 1000)
         report = HealthReport(node=self.config.node, boot_id=self.boot_id, seq=self.seq, source="agent",
                               agent_version=AGENT_VERSION, detected_at=datetime.now(UTC), gpus=snap.gpus,
                               findings=findings)

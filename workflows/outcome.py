@@ -19,6 +19,7 @@ with workflow.unsafe.imports_passed_through():
 # workflow.patched id: ledger records carry phases, pods and the out-of-service time (issue 26).
 PATCH_OUTCOME_LEDGER = "outcome-ledger"
 MAX_PODS_KEPT = 200
+IN_SERVICE = "in service"  # between a return to service and a recurrence: not time out of service
 
 PHASE_OF_STEP = MappingProxyType({
     "policy": "quarantine", "triage": "quarantine", c.KUBE_CHECK_NODE: "quarantine", c.KUBE_QUARANTINE: "quarantine",
@@ -32,7 +33,8 @@ PHASE_OF_STEP = MappingProxyType({
 
 def phases(s: RemediationState, start: datetime, end: datetime) -> dict[str, float]:
     """Seconds per phase between `start` and `end`: `detect` up to the episode's start, then each
-    recorded step's time since the step before (a wait ends with the step it waited for)."""
+    recorded step's time since the step before (a wait ends with the step it waited for), except
+    the time after a return to service until the next step (a recurrence): IN_SERVICE."""
     out: dict[str, float] = {}
 
     def add(phase: str, a: datetime, b: datetime) -> None:
@@ -42,10 +44,11 @@ def phases(s: RemediationState, start: datetime, end: datetime) -> dict[str, flo
 
     began = s.started_at or start
     add("detect", start, began)
-    last = began
+    last, back = began, False
     for a in sorted(s.actions, key=lambda a: a.at):
-        add(PHASE_OF_STEP.get(a.step, "other"), last, a.at)
+        add(IN_SERVICE if back else PHASE_OF_STEP.get(a.step, "other"), last, a.at)
         last = max(last, a.at)
+        back = a.step == c.KUBE_RETURN_TO_SERVICE and a.ok
     add("other", last, end)
     return out
 
@@ -74,11 +77,12 @@ def outcome_fields(s: RemediationState, generation: str, now: datetime) -> dict:
     back = returned_at(s)
     quarantined = any(a.step == c.KUBE_QUARANTINE and a.ok for a in s.actions)
     end = back or now
+    spent = phases(s, start, end)
+    out = (end - start).total_seconds() - spent.get(IN_SERVICE, 0.0)
     return {
         "detected_at": detected, "returned_at": back,
-        "out_of_service_s": round((end - start).total_seconds(), 3) if quarantined else 0.0,
-        "phases": phases(s, start, end), "pods": interrupted_pods(s), "sku": generation,
-        "profile": s.policy_name or None, "finding": first_finding(s),
+        "out_of_service_s": round(out, 3) if quarantined else 0.0, "phases": spent, "pods": interrupted_pods(s), "sku": generation,
+        "profile": s.profile or None, "finding": first_finding(s),
         "validations": {"passed": sum(1 for a in s.actions if a.step == "validate" and a.ok),
                         "failed": sum(1 for a in s.actions if a.step == "validate" and not a.ok)},
         "agent_missing": s.agent_missing or any("agent_missing" in a.detail for a in s.actions),

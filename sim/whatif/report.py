@@ -111,25 +111,27 @@ def plot(outcomes: list[PolicyOutcome], path: str) -> None:
     ax2.set(title="Node-hours lost, by cause", ylabel="node-hours")
     ax2.legend(fontsize="small")
     if jobs:
-        multi = len(outcomes[0].jobs) > 1
-        job_panel(axes[2], [(f"{o.policy}\n{j.workload}" if multi else o.policy, j) for o in outcomes for j in o.jobs])
+        job_panel(axes[2], outcomes)
     fig.suptitle(f"gpuheal whatif: {outcomes[0].nodes} nodes, {outcomes[0].days:g} days")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def job_panel(ax, rows: list) -> None:
-    """Job success and ETTR per (label, JobOutcome), side by side."""
-    xs = range(len(rows))
-    success = [(j.job_success_rate or 0) * 100 for _, j in rows]
-    ettr = [(j.ettr or 0) * 100 for _, j in rows]
-    ax.bar([x - 0.2 for x in xs], success, width=0.4, label="job success")
-    ax.bar([x + 0.2 for x in xs], ettr, width=0.4, label="ETTR")
-    for x, (s, e) in enumerate(zip(success, ettr, strict=True)):
-        ax.text(x - 0.2, s, f"{s:.1f}", ha="center", va="bottom", fontsize="small")
-        ax.text(x + 0.2, e, f"{e:.1f}", ha="center", va="bottom", fontsize="small")
-    ax.set_xticks(list(xs), [label for label, _ in rows], fontsize="small")
-    low = min(success + ettr) if rows else 0
-    ax.set(title="Jobs: success and ETTR", ylabel="%", ylim=(max(0, low - 5), 100.5))
-    ax.legend(fontsize="small", loc="lower right")
+def job_panel(ax, outcomes: list[PolicyOutcome]) -> None:
+    """Job success and ETTR per policy, a pair of bars for each workload."""
+    workloads = [j.workload for j in outcomes[0].jobs]
+    bars = [(w, what, key) for w in workloads for what, key in (("success", "job_success_rate"), ("ETTR", "ettr"))]
+    width = 0.8 / len(bars)
+    values = []
+    for k, (w, what, key) in enumerate(bars):
+        ys = [(getattr(next(j for j in o.jobs if j.workload == w), key) or 0) * 100 for o in outcomes]
+        xs = [i - 0.4 + width * (k + 0.5) for i in range(len(outcomes))]
+        ax.bar(xs, ys, width=width, label=f"{what}, {w}" if len(workloads) > 1 else what,
+               hatch="//" if what == "ETTR" else None)
+        for x, y in zip(xs, ys, strict=True):
+            ax.text(x, y, f"{y:.1f}", ha="center", va="bottom", fontsize="x-small")
+        values += ys
+    ax.set_xticks(range(len(outcomes)), [o.policy for o in outcomes], fontsize="small")
+    ax.set(title="Jobs: success and ETTR", ylabel="%", ylim=(max(0, min(values) - 5), 101))
+    ax.legend(fontsize="x-small", loc="lower right")

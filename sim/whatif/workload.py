@@ -10,11 +10,10 @@ from __future__ import annotations
 from datetime import timedelta
 from pathlib import Path
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from policies.durations import Duration
-from policies.loader import describe_validation_error
+from sim.whatif.faultmodel import FaultModelError, load_yaml_model
 
 BUILTIN_WORKLOADS = Path(__file__).resolve().parents[1] / "workloads"
 
@@ -65,24 +64,10 @@ class WorkloadModel(_Strict):
         return sum(j.count * j.nodes for j in self.jobs) + self.spare_nodes
 
 
-class WorkloadError(ValueError):
-    def __init__(self, source: str, problems: list[str]):
-        self.source, self.problems = source, problems
-        super().__init__(f"{source}: " + "; ".join(problems))
+class WorkloadError(FaultModelError):
+    pass
 
 
 def load_workload(path: str | Path) -> WorkloadModel:
     """A workload file, or the name of a shipped one (sim/workloads/NAME.yaml)."""
-    p = Path(path)
-    if not p.exists() and (BUILTIN_WORKLOADS / f"{path}.yaml").exists():
-        p = BUILTIN_WORKLOADS / f"{path}.yaml"
-    try:
-        data = yaml.safe_load(p.read_text())
-    except OSError as err:
-        raise WorkloadError(str(p), [f"(file): cannot read: {err.strerror}"]) from None
-    except yaml.YAMLError as err:
-        raise WorkloadError(str(p), [f"(file): not valid YAML: {err}"]) from None
-    try:
-        return WorkloadModel.model_validate(data)
-    except ValidationError as err:
-        raise WorkloadError(str(p), describe_validation_error(err)) from None
+    return load_yaml_model(path, BUILTIN_WORKLOADS, WorkloadModel, WorkloadError)

@@ -3,20 +3,10 @@
 import threading
 from datetime import UTC, datetime, timedelta
 
-import pytest
 from temporalio.testing import ActivityEnvironment
 
 from activities import contracts as c
-from activities.ledger import DynamoLedger, LedgerActivities, SqliteLedger
-
-
-@pytest.fixture(params=["sqlite", "dynamodb"])
-def ledger(request, tmp_path):
-    if request.param == "sqlite":
-        return SqliteLedger(tmp_path / "ledger.db")
-    ddb = request.getfixturevalue("aws")("dynamodb")
-    DynamoLedger.create_table(ddb, "gpuheal-ledger")
-    return DynamoLedger(ddb, "gpuheal-ledger")
+from activities.ledger import LedgerActivities
 
 
 def rec(episode: str, ids: list[str], ended: datetime, outcome="returned", attribution="platform",

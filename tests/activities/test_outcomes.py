@@ -14,7 +14,7 @@ import pytest
 from temporalio.testing import ActivityEnvironment
 
 from activities import contracts as c
-from activities.ledger import DynamoLedger, LedgerActivities, SqliteLedger
+from activities.ledger import LedgerActivities, SqliteLedger
 from activities.outcomes import failed_again, figures, outcome_report
 from policies.findings import Finding
 from tests.net import free_port
@@ -22,15 +22,6 @@ from workers import telemetry
 
 ROOT = Path(__file__).resolve().parents[2]
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
-
-
-@pytest.fixture(params=["sqlite", "dynamodb"])
-def ledger(request, tmp_path):
-    if request.param == "sqlite":
-        return SqliteLedger(tmp_path / "ledger.db")
-    ddb = request.getfixturevalue("aws")("dynamodb")
-    DynamoLedger.create_table(ddb, "gpuheal-outcomes")
-    return DynamoLedger(ddb, "gpuheal-outcomes")
 
 
 def rec(episode: str, node: str, day: float, outcome="returned", attribution="platform", out_h=2.0, fault="memory",
