@@ -352,13 +352,9 @@ class WhatIfFleet:
             self.denylisted_nodes.add(req.node)
         return c.DenylistResult(added=added)
 
-    @activity.defn(name=c.LEDGER_BASELINE)
-    async def baseline(self, req: c.BaselineRequest) -> c.BaselineResult:
-        return c.BaselineResult()  # the stand-in validation measures nothing: shipped floors
-
     @activity.defn(name=c.LEDGER_LOAD_FIGURES)
     async def load_figures(self, rec: c.LoadFiguresRecord) -> None:
-        return None
+        return None  # the stand-in validation measures nothing to keep
 
     # --- workers ----------------------------------------------------------------------------------
     def controller_activities(self) -> list:
@@ -367,7 +363,7 @@ class WhatIfFleet:
                 self.check_node, self.count_fleet, self.quarantined_nodes, self.reboot, self.kubelet_boot_id,
                 self.replace, self.record, self.count_recent, self.check_denied, self.denylist_add, self.sku_baseline,
                 PolicyActivities(self.policy, "whatif").current, guard.signal_guard, guard.live_holders,
-                guard.running_episodes, self.baseline, self.load_figures]
+                guard.running_episodes, self.load_figures]
 
     async def _ensure_worker(self, node: str) -> None:
         """What the node's agent serves, started when the node first needs it."""
