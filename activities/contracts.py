@@ -28,15 +28,20 @@ NODE_KILL = "node.kill_gpu_processes"
 NODE_RESET = "node.reset_gpu"
 NODE_VALIDATE = "node.validate"
 NODE_GPU_PODS = "node.gpu_pods"
+NODE_HARDWARE_IDS = "node.hardware_ids"
 LEDGER_RECORD = "ledger.record"
 LEDGER_COUNT_RECENT = "ledger.count_recent"
 LEDGER_DENYLIST = "ledger.denylist"
 LEDGER_CHECK_DENIED = "ledger.check_denied"
+LEDGER_ADMIT = "ledger.admit"
+LEDGER_ADMITTED = "ledger.admitted"
+LEDGER_LAST_STARTED = "ledger.last_started"
 LEDGER_LOAD_FIGURES = "ledger.load_figures"
 LEDGER_BASELINE = "ledger.baseline"
 GUARD_SIGNAL = "guard.signal"
 GUARD_LIVE_HOLDERS = "guard.live_holders"
 GUARD_RUNNING_EPISODES = "guard.running_episodes"
+GUARD_RUNNING_HOLDERS = "guard.running_holders"
 POLICY_CURRENT = "policy.current"
 
 DEFAULT_TASK_QUEUE = "gpuheal"  # the controller's queue: workflows and cluster-side activities
@@ -110,6 +115,8 @@ class NodeCheckResult(BaseModel):
     exists: bool
     ours: bool = Field(description="The node matches the controller's GPU node selector (or there is none).")
     reason: str = ""
+    quarantined: str | None = Field(default=None, description="The value of gpuheal's quarantine taint (the fault "
+                                    "class) when the node carries it: an earlier episode left it for a person.")
 
 
 UNAFFECTED = "unaffected"  # the attribution mark of a pod whose GPUs did not fail
@@ -281,6 +288,17 @@ class GpuPodsResult(BaseModel):
                                            description="'uid:<pod uid>' -> the GPUs its processes run on.")
 
 
+class HardwareIdsRequest(_Request):
+    pass
+
+
+class HardwareIdsResult(BaseModel):
+    """The node's own GPU ids, read by its agent (NVML): what admission checks, never a sender's claim."""
+
+    hardware_ids: list[str] = Field(default_factory=list, description="GPU UUIDs and serials, sorted.")
+    gpus: int = 0
+
+
 # --- ledger -------------------------------------------------------------------------------------
 class InterruptedPod(BaseModel):
     pod: str = Field(description="namespace/name")
@@ -340,6 +358,30 @@ class CheckDeniedResult(BaseModel):
     denied: dict[str, str] = Field(default_factory=dict, description="id -> reason it was denied.")
 
 
+class AdmitRequest(BaseModel):
+    """A node admitted with this hardware: a later admission of the same node and hardware is a re-start."""
+
+    node: str
+    hardware_ids: list[str]
+
+
+class AdmittedRequest(BaseModel):
+    node: str
+
+
+class LastStartedRequest(BaseModel):
+    node: str
+    exclude_episode: str | None = None
+
+
+class LastStartedResult(BaseModel):
+    started_at: datetime | None = Field(default=None, description="When the node's latest recorded episode started.")
+
+
+class AdmittedResult(BaseModel):
+    hardware_ids: list[str] = Field(default_factory=list, description="Hardware the node was admitted with before.")
+
+
 # --- fleet guard --------------------------------------------------------------------------------
 class GuardSignalRequest(BaseModel):
     """Signal-with-start to `fleet-guard/<cluster>`: the guard is started on first need."""
@@ -390,6 +432,8 @@ class PolicySnapshot(BaseModel):
     sha256: str = Field(description="Hash of the policy's canonical JSON: two controllers with one file agree.")
     source: str = Field(default="", description="Where the controller loaded it from (a path, or 'default').")
     policy: Policy
+    cluster: str | None = Field(default=None, description="The controller's cluster: an episode's guard and budget "
+                                "(None: a controller from before says nothing, the start input's stands).")
     profile: str | None = Field(default=None, description="The node's profile, when one applies (its overrides are in `policy`).")
     profile_reason: str = Field(default="", description="Why the node gets that profile (or none).")
 

@@ -246,7 +246,8 @@ class KubeActivities:
             if not found.items:
                 return c.NodeCheckResult(exists=True, ours=False,
                                          reason=f"node {req.node} does not match the GPU node selector {self.gpu_node_selector}")
-        return c.NodeCheckResult(exists=True, ours=True)
+        held = next((t.value or "fault" for t in (n.spec.taints or []) if t.key == c.QUARANTINE_TAINT), None)
+        return c.NodeCheckResult(exists=True, ours=True, quarantined=held)
 
     @activity.defn(name=c.KUBE_FLEET_SIZE)
     async def fleet_size(self) -> int:

@@ -27,6 +27,9 @@ class Ledger(Protocol):
                      by_board: bool = False) -> int: ...
     def deny(self, hardware_ids: list[str], node: str, reason: str) -> list[str]: ...
     def denied(self, hardware_ids: list[str]) -> dict[str, str]: ...
+    def admit(self, node: str, hardware_ids: list[str]) -> None: ...
+    def admitted(self, node: str) -> list[str]: ...
+    def last_started(self, node: str, exclude_episode: str | None) -> datetime | None: ...
 
 
 # Outcomes of episodes that changed nothing on the node's hardware.
@@ -57,6 +60,7 @@ class SqliteLedger:
                     PRIMARY KEY (episode, hardware_id));
                 CREATE INDEX IF NOT EXISTS remediation_board_id ON remediation_board (hardware_id, ended_at);
                 CREATE TABLE IF NOT EXISTS denylist (hardware_id TEXT PRIMARY KEY, node TEXT, reason TEXT, at TEXT);
+                CREATE TABLE IF NOT EXISTS admitted (node TEXT, hardware_id TEXT, at TEXT, PRIMARY KEY (node, hardware_id));
                 CREATE TABLE IF NOT EXISTS remediation_body (episode TEXT PRIMARY KEY, body TEXT);
             """)
 
@@ -125,6 +129,22 @@ class SqliteLedger:
                                    hardware_ids).fetchall()
         return dict(rows)
 
+    def admit(self, node: str, hardware_ids: list[str]) -> None:
+        with self.lock:
+            self.db.executemany("INSERT OR IGNORE INTO admitted VALUES (?,?,?)",
+                                [(node, h, datetime.now(UTC).isoformat()) for h in hardware_ids])
+
+    def last_started(self, node: str, exclude_episode: str | None) -> datetime | None:
+        with self.lock:
+            row = self.db.execute("SELECT MAX(started_at) FROM remediation WHERE node = ? AND episode != ?",
+                                  (node, exclude_episode or "")).fetchone()
+        return datetime.fromisoformat(row[0]) if row and row[0] else None
+
+    def admitted(self, node: str) -> list[str]:
+        with self.lock:
+            rows = self.db.execute("SELECT hardware_id FROM admitted WHERE node = ?", (node,)).fetchall()
+        return sorted(r[0] for r in rows)
+
 
 class DynamoLedger:
     """One table, partition key `pk`, sort key `sk`: records under EP#<episode>, hardware rows under HW#<id>."""
@@ -156,7 +176,19 @@ class DynamoLedger:
             for h in ids:
                 self._put_new({"pk": {"S": f"{prefix}#{h}"}, "sk": {"S": f"{rec.ended_at.isoformat()}#{rec.episode}"},
                                "episode": {"S": rec.episode}, "counts": {"BOOL": counts}})
+        self._put_new({"pk": {"S": f"NODE#{rec.node}"}, "sk": {"S": f"{rec.started_at.isoformat()}#{rec.episode}"},
+                       "episode": {"S": rec.episode}})
         return first
+
+    def last_started(self, node: str, exclude_episode: str | None) -> datetime | None:
+        pages = self.ddb.get_paginator("query").paginate(
+            TableName=self.table, KeyConditionExpression="pk = :pk", ScanIndexForward=False, ConsistentRead=True,
+            ExpressionAttributeValues={":pk": {"S": f"NODE#{node}"}})
+        for page in pages:
+            for item in page["Items"]:
+                if item["episode"]["S"] != exclude_episode:
+                    return datetime.fromisoformat(item["sk"]["S"].split("#", 1)[0])
+        return None
 
     def records(self, since: datetime | None = None) -> list[c.RemediationRecord]:
         """Every record that ended at or after `since`, oldest first: a scan (an operator's report,
@@ -195,6 +227,16 @@ class DynamoLedger:
                 out[h] = item["reason"]["S"]
         return out
 
+    def admit(self, node: str, hardware_ids: list[str]) -> None:
+        for h in hardware_ids:
+            self._put_new({"pk": {"S": f"ADMIT#{node}"}, "sk": {"S": h}, "at": {"S": datetime.now(UTC).isoformat()}})
+
+    def admitted(self, node: str) -> list[str]:
+        pages = self.ddb.get_paginator("query").paginate(
+            TableName=self.table, KeyConditionExpression="pk = :pk", ConsistentRead=True,
+            ExpressionAttributeValues={":pk": {"S": f"ADMIT#{node}"}})
+        return sorted(i["sk"]["S"] for page in pages for i in page["Items"])
+
 
 class LedgerActivities:
     def __init__(self, ledger: Ledger):
@@ -225,3 +267,16 @@ class LedgerActivities:
     @activity.defn(name=c.LEDGER_CHECK_DENIED)
     async def check_denied(self, req: c.CheckDeniedRequest) -> c.CheckDeniedResult:
         return c.CheckDeniedResult(denied=await asyncio.to_thread(self.ledger.denied, req.hardware_ids))
+
+    @activity.defn(name=c.LEDGER_ADMIT)
+    async def admit(self, req: c.AdmitRequest) -> None:
+        await asyncio.to_thread(self.ledger.admit, req.node, req.hardware_ids)
+
+    @activity.defn(name=c.LEDGER_ADMITTED)
+    async def admitted(self, req: c.AdmittedRequest) -> c.AdmittedResult:
+        return c.AdmittedResult(hardware_ids=await asyncio.to_thread(self.ledger.admitted, req.node))
+
+    @activity.defn(name=c.LEDGER_LAST_STARTED)
+    async def last_started(self, req: c.LastStartedRequest) -> c.LastStartedResult:
+        return c.LastStartedResult(started_at=await asyncio.to_thread(self.ledger.last_started, req.node,
+                                                                      req.exclude_episode))

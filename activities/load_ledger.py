@@ -13,14 +13,16 @@ from activities import contracts as c
 from activities.ledger import DynamoLedger, SqliteLedger
 from policies.load import JUDGED, SkuReference
 
-Row = tuple[str, str, str, str, dict]  # sku, node, uuid, at, figures
+Row = tuple[str, str, str, str, dict, list]  # sku, node, uuid, at, figures, tests failed
 
 
 def references(rows: list[Row]) -> dict[str, SkuReference]:
-    """Each SKU's median of every judged figure over its GPUs' latest measurements."""
+    """Each SKU's median of every judged figure over its GPUs' latest measurements that passed (a
+    failed GPU's figures are kept in the ledger, never in what its kind is judged against)."""
     latest: dict[tuple[str, str], Row] = {}
     for row in sorted(rows, key=lambda r: r[3]):
-        latest[(row[0], row[2])] = row
+        if not row[5]:
+            latest[(row[0], row[2])] = row
     out: dict[str, SkuReference] = {}
     for sku in sorted({k[0] for k in latest}):
         mine = [r for k, r in latest.items() if k[0] == sku]
@@ -39,8 +41,8 @@ def outliers(rows: list[Row], refs: dict[str, SkuReference], fraction: float) ->
     for row in sorted(rows, key=lambda r: r[3]):
         latest[(row[0], row[2])] = row
     out = []
-    for (sku, uuid), (_, node, _, _, figures) in sorted(latest.items()):
-        for name, median in refs[sku].medians.items():
+    for (sku, uuid), (_, node, _, _, figures, _) in sorted(latest.items()):
+        for name, median in refs.get(sku, SkuReference(sku=sku)).medians.items():
             if name in figures and figures[name] < fraction * median:
                 out.append(f"{node} {uuid}: {name} {figures[name]:.3g} = {figures[name] / median:.0%} of the {sku} median")
     return out
@@ -52,18 +54,18 @@ class SqliteFigures:
         with self.lock:
             self.db.execute("CREATE TABLE IF NOT EXISTS load_figures (episode TEXT, tier TEXT, node TEXT, "
                             "gpu_index INTEGER, uuid TEXT, serial TEXT, sku TEXT, at TEXT, figures TEXT, "
-                            "PRIMARY KEY (episode, uuid, at))")
+                            "failed TEXT, PRIMARY KEY (episode, uuid, at))")
 
     def record(self, rec: c.LoadFiguresRecord) -> None:
         with self.lock:
-            self.db.executemany("INSERT OR IGNORE INTO load_figures VALUES (?,?,?,?,?,?,?,?,?)", [
+            self.db.executemany("INSERT OR IGNORE INTO load_figures VALUES (?,?,?,?,?,?,?,?,?,?)", [
                 (rec.episode, rec.tier, rec.node, g.index, g.uuid, g.serial, g.sku, rec.at.isoformat(),
-                 json.dumps(g.figures)) for g in rec.gpus])
+                 json.dumps(g.figures), json.dumps(g.failed)) for g in rec.gpus])
 
     def rows(self) -> list[Row]:
         with self.lock:
-            found = self.db.execute("SELECT sku, node, uuid, at, figures FROM load_figures").fetchall()
-        return [(sku, node, uuid, at, json.loads(f)) for sku, node, uuid, at, f in found]
+            found = self.db.execute("SELECT sku, node, uuid, at, figures, failed FROM load_figures").fetchall()
+        return [(sku, node, uuid, at, json.loads(f), json.loads(bad)) for sku, node, uuid, at, f, bad in found]
 
 
 class DynamoFigures:
@@ -78,7 +80,8 @@ class DynamoFigures:
             self.ddb.put_item(TableName=self.table, Item={
                 "pk": {"S": f"FIG#{g.sku or '?'}"}, "sk": {"S": f"{rec.at.isoformat()}#{rec.node}#{g.uuid}"},
                 "node": {"S": rec.node}, "uuid": {"S": g.uuid}, "serial": {"S": g.serial or ""},
-                "episode": {"S": rec.episode}, "tier": {"S": rec.tier}, "figures": {"S": json.dumps(g.figures)}})
+                "episode": {"S": rec.episode}, "tier": {"S": rec.tier}, "figures": {"S": json.dumps(g.figures)},
+                "failed": {"S": json.dumps(g.failed)}})
 
     def _query(self, pk: str) -> list[dict]:
         pages = self.ddb.get_paginator("query").paginate(
@@ -90,7 +93,7 @@ class DynamoFigures:
         for sku in (i["sk"]["S"] for i in self._query("FIGSKUS")):
             for i in self._query(f"FIG#{sku}"):
                 out.append((sku, i["node"]["S"], i["uuid"]["S"], i["sk"]["S"].split("#", 1)[0],
-                            json.loads(i["figures"]["S"])))
+                            json.loads(i["figures"]["S"]), json.loads(i.get("failed", {"S": "[]"})["S"])))
         return out
 
 

@@ -35,7 +35,17 @@ class NodeActivities:
 
     def activities(self) -> list:
         """What the node's worker registers on node/<name>."""
-        return [self.kill_gpu_processes, self.reset_gpu, self.validate, self.gpu_pods, self.inventory]
+        return [self.kill_gpu_processes, self.reset_gpu, self.validate, self.gpu_pods, self.inventory, self.hardware_ids]
+
+    @activity.defn(name=c.NODE_HARDWARE_IDS)
+    async def hardware_ids(self, req: c.HardwareIdsRequest) -> c.HardwareIdsResult:
+        """The GPUs' own ids, from NVML on this node: admission checks these against the denylist."""
+        found = await asyncio.to_thread(probe_nvml, self.nv)
+        if not found.gpus:
+            broken = "; ".join(f.message for f in found.findings)[:300]
+            raise fail(DEPENDENCY_MISSING, f"no GPU ids readable on {req.node}" + (f": {broken}" if broken else ""))
+        ids = {g.uuid for g in found.gpus} | {g.serial for g in found.gpus if g.serial}
+        return c.HardwareIdsResult(hardware_ids=sorted(ids), gpus=len(found.gpus))
 
     # --- processes -----------------------------------------------------------------------------
     def gpu_processes(self, gpus: list[int]) -> list[c.GpuProcess]:

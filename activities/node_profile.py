@@ -36,8 +36,8 @@ class NodeProfileActivities(PolicyActivities):
     """The controller's policy, resolved per node: `policy.current` answers with the node's profile
     applied (its ladder, finding rungs and mode), so an episode acts as the node's kind asks."""
 
-    def __init__(self, core, policy, source: str = "default"):
-        super().__init__(policy, source)
+    def __init__(self, core, policy, source: str = "default", cluster: str | None = None):
+        super().__init__(policy, source, cluster)
         self.core, self.policy = core, policy
 
     async def _node(self, name: str):
@@ -58,7 +58,8 @@ class NodeProfileActivities(PolicyActivities):
         sel = select_profile(self.policy, node.metadata.labels or {}, req.node)
         policy = for_node(self.policy, sel.profile)
         return c.PolicySnapshot(name=policy.name, sha256=policy_hash(policy), source=self.snapshot.source,
-                                policy=policy, profile=sel.profile, profile_reason=sel.reason)
+                                policy=policy, profile=sel.profile, profile_reason=sel.reason,
+                                cluster=self.snapshot.cluster)
 
     @activity.defn(name=c.PROFILE_EXPECTATIONS)
     async def expectations(self, req: c.ExpectationsRequest) -> NodeExpectations:

@@ -143,3 +143,24 @@ class HealthReport(BaseModel):
     def fingerprint(self) -> tuple:
         """What a duplicate shares: same findings regardless of order."""
         return tuple(sorted(f.model_dump_json() for f in self.findings))
+
+
+CONDITION_EVENT = "condition/"
+
+
+def condition_event_id(condition_type: str, since: datetime | None) -> str | None:
+    """A node condition's event id: its type and lastTransitionTime, the same from every watcher
+    replica and every re-send, so the episode counts it once. None: no transition time to name it by."""
+    if since is None:
+        return None
+    return f"{CONDITION_EVENT}{condition_type[:60]}/{since.isoformat()}"
+
+
+def condition_since(event_id: str | None) -> datetime | None:
+    """When the condition behind a condition event id was set; None for any other finding."""
+    if not event_id or not event_id.startswith(CONDITION_EVENT):
+        return None
+    try:
+        return datetime.fromisoformat(event_id.rsplit("/", 1)[1])
+    except ValueError:
+        return None

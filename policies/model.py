@@ -297,6 +297,9 @@ class Policy(_Strict):
         default="auto", description="auto: the Auto Scaling group when the instance has one, else EC2 terminate; karpenter: delete the NodeClaim."
     )
     ownership_tag: str = Field(default="gpuheal.io/managed=true", description="Tag an instance must carry before gpuheal touches it.")
+    history_limit: int | None = Field(
+        default=None, ge=20, description="An episode continues as new past this many history events (besides the "
+        "server's suggestion); None: only when the server suggests it. A sender cannot set it.")
     profiles: dict[str, NodeProfile] = Field(
         default_factory=dict,
         description="What a healthy node of each kind has, by profile name (shipped ones in policies/profiles.yaml): a "

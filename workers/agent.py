@@ -128,7 +128,9 @@ class Agent:
             self.announce = False
             return None
         self.announce = False
-        self.seq += 1
+        # On the wall clock (never backwards): past a spoofed sequence, clamped by the workflow to its
+        # clock, within the clocks' skew.
+        self.seq = max(self.seq + 1, time.time_ns() // 1000)
         report = HealthReport(node=self.config.node, boot_id=self.boot_id, seq=self.seq, source="agent",
                               agent_version=AGENT_VERSION, detected_at=datetime.now(UTC), gpus=snap.gpus,
                               findings=findings)

@@ -21,8 +21,12 @@ with workflow.unsafe.imports_passed_through():
         MAX_RUN_IDS_KEPT,
         PATCH_BOUNDED_STATE,
         PATCH_DO_NO_HARM,
+        PATCH_EPISODE_IDENTITY,
         PATCH_GUARD_ADMISSION,
         PATCH_LOCAL_CLUSTER_CALLS,
+        PATCH_QUARANTINE_HOLD,
+        PATCH_STICKY_CONDITIONS,
+        PATCH_TRUSTED_INTAKE,
         SA_NODE,
         SA_OUTCOME,
         SA_STAGE,
@@ -33,6 +37,12 @@ with workflow.unsafe.imports_passed_through():
         RemediationState,
         Stage,
     )
+
+
+def node_of(workflow_id: str, fallback: str) -> str:
+    """The node an episode's id names: `remediate/<node>`."""
+    prefix = c.remediation_workflow_id("")
+    return workflow_id[len(prefix):] if workflow_id.startswith(prefix) and len(workflow_id) > len(prefix) else fallback
 
 
 class Episode:
@@ -56,6 +66,17 @@ class Episode:
         """The do-no-harm rules (see PATCH_DO_NO_HARM)."""
         return workflow.patched(PATCH_DO_NO_HARM)
 
+    def _trusted_intake(self) -> bool:
+        """Reports cannot steer intake (see PATCH_TRUSTED_INTAKE)."""
+        return workflow.patched(PATCH_TRUSTED_INTAKE)
+
+    def _identity(self) -> bool:
+        """Node from the workflow id, cluster and history limit from the controller (PATCH_EPISODE_IDENTITY)."""
+        return workflow.patched(PATCH_EPISODE_IDENTITY)
+
+    def _holds(self) -> bool:
+        """A node left quarantined is held for a person (PATCH_QUARANTINE_HOLD)."""
+        return workflow.patched(PATCH_QUARANTINE_HOLD)
     def _decide_issue22(self) -> None:
         """Issue 22's fixes, decided once when the run starts (before any activity's marker): a run
         started before them keeps the old behaviour, and meets the new one at continue-as-new."""
@@ -64,6 +85,10 @@ class Episode:
     def _fixed(self, patch: str) -> bool:
         """Whether this run has issue 22's fix `patch` (remediation_types.ISSUE22_PATCHES)."""
         return patch in self._issue22
+
+    def _sticky(self) -> bool:
+        """Conditions set before the node's last episode are no news (PATCH_STICKY_CONDITIONS)."""
+        return workflow.patched(PATCH_STICKY_CONDITIONS)
 
     def _local_cluster_calls(self) -> bool:
         """Short cluster-side calls (cordon, pod marks, events, ledger, guard signals) run as local

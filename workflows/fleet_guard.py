@@ -22,8 +22,11 @@ with workflow.unsafe.imports_passed_through():
         CANARY_FAILED,
         CANARY_PROVEN,
         LEFT_QUARANTINE,
+        OLD_BEHAVIOUR,
         PATCH_GUARD_IDLE_RECHECK,
         PATCH_GUARD_NEVER_WEDGED,
+        PATCH_GUARD_PAGED_CHECK,
+        PATCH_GUARD_UPGRADE,
         GateRelease,
         GuardInput,
         GuardState,
@@ -59,6 +62,9 @@ class FleetGuard(GuardBooks):
         # Decided once per run, here: queries (read-only) read it too.
         self._never_wedged = workflow.patched(PATCH_GUARD_NEVER_WEDGED)
         self._idle_recheck = workflow.patched(PATCH_GUARD_IDLE_RECHECK)
+        self._paged = workflow.patched(PATCH_GUARD_PAGED_CHECK)
+        self._holder_check = None
+        self._upgrade = False
 
     # --- handlers ------------------------------------------------------------------------------
     @workflow.signal(name=GUARD_SIGNAL_REQUEST)
@@ -142,6 +148,18 @@ class FleetGuard(GuardBooks):
             self._wake = True
         return self.status()
 
+    @workflow.update
+    def upgrade(self, by: str = "") -> GuardStatus:
+        """A run started before guard-never-wedged continues as new at its next pass, taking the new
+        behaviour; the quarantine requests it left unanswered are admitted first (it counted those
+        nodes unhealthy already). A current run: nothing to do."""
+        if not self._never_wedged and workflow.patched(PATCH_GUARD_UPGRADE):
+            workflow.logger.warning("guard %s: continuing as new for the new behaviour (asked by %s)",
+                                    self.inp.cluster, by[:100] or "?")
+            self._answers += [(h, QuarantineAnswer(admitted=True)) for h in sorted(set(self.s.unhealthy.values())) if h]
+            self._upgrade, self._wake = True, True
+        return self.status()
+
     @workflow.query
     def status(self) -> GuardStatus:
         s, now = self.s, workflow.now()
@@ -156,6 +174,7 @@ class FleetGuard(GuardBooks):
             waiting=[Waiting(holder=w.holder, node=w.node, since=s.waiting_since.get(w.holder, now),
                              reason=self._waiter_reason()) for w in s.waiters],
             deferred=s.deferred, forced=s.forced, policy=self.policy, policy_changes=s.policy_changes,
+            behaviour="" if self._never_wedged else OLD_BEHAVIOUR + (": continuing as new now" if self._upgrade else ""),
         )
 
     # --- main loop -----------------------------------------------------------------------------
@@ -181,7 +200,7 @@ class FleetGuard(GuardBooks):
             await self._grant()
             metrics.guard_state(inp.cluster, len(self.s.holders), self._budget(), len(self.s.waiters),
                                 self.s.breaker_open, **metrics.fleet_figures(self.s, workflow.now()))
-            if workflow.info().is_continue_as_new_suggested():
+            if self._upgrade or workflow.info().is_continue_as_new_suggested():
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(GuardInput(cluster=inp.cluster, policy=self.policy, state=self.s))
             try:

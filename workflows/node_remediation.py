@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from temporalio import workflow
+from temporalio.common import RawValue
 
 with workflow.unsafe.imports_passed_through():
     from activities import contracts as c
@@ -16,12 +15,11 @@ with workflow.unsafe.imports_passed_through():
         policy_taken,
         take_controller_policy,
     )
+    from workflows.episode import node_of
     from workflows.lease import HOLDER_SIGNAL_GRANTED, HOLDER_SIGNAL_QUARANTINE, LeaseGrant, QuarantineAnswer
     from workflows.outcome import PATCH_OUTCOME_LEDGER, outcome_fields
     from workflows.remediation_steps import RemediationSteps
     from workflows.remediation_types import (
-        PATCH_AGENT_MISSING_TOP,
-        PATCH_APP_AGENT_MISSING,
         PATCH_APPROVE_RUNG,
         PATCH_KILL_IMPLICATED,
         PATCH_LEASE_BACKOFF,
@@ -53,7 +51,8 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
     def __init__(self, inp: RemediationInput) -> None:
         self.inp = inp
         self.policy = inp.policy
-        self.node = inp.node
+        # The node is the one the workflow id names (`remediate/<node>`), never what the start input says.
+        self.node = node_of(workflow.info().workflow_id, inp.node) if self._identity() else inp.node
         # Only a run this workflow continued carries state: a first run's input comes from whoever
         # sent the first report, and is never trusted with the episode's state.
         self.s = (inp.state if workflow.info().continued_run_id else None) or RemediationState()
@@ -63,10 +62,20 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
 
     # --- handlers: agents signal, operators update, everyone queries --------------------------
     @workflow.signal
-    def report(self, raw: Any) -> None:
-        """A health report. Anything wrong with it is recorded and dropped: never a failed task."""
-        why = take_report(self.s, raw, node=self.node, generation=self.inp.generation, policy=self.policy,
-                          bounded=self._bounded, no_harm=self._no_harm)
+    def report(self, payload: RawValue) -> None:
+        """A health report. Anything wrong with it, an undecodable payload too, is recorded and
+        dropped: never a failed task (taken raw: the SDK would drop what it cannot decode with a log line)."""
+        try:
+            raw = workflow.payload_converter().from_payload(payload.payload)
+        except Exception as err:  # noqa: BLE001 - any bad payload is a rejection, not a task failure
+            if not self._trusted_intake():
+                workflow.logger.warning("dropped an undecodable report for %s: %s", self.node, err)
+                return
+            raw, why = payload.payload.data[:200], f"undecodable report: {type(err).__name__}: {str(err)[:200]}"
+        else:
+            why = take_report(self.s, raw, node=self.node, generation=self.inp.generation, policy=self.policy,
+                              bounded=self._bounded, no_harm=self._no_harm, trusted=self._trusted_intake,
+                              now_us=int(workflow.now().timestamp() * 10**6))
         if why is not None:
             record_rejection(self.s, why, raw, workflow.now())
             workflow.logger.warning("rejected report for %s: %s", self.node, why)
@@ -149,6 +158,20 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
     def _validate_cancel(self, reason: str = "", by: str = "") -> None:
         self._require_active("cancel")
 
+    @workflow.update
+    def lift(self, reason: str = "", by: str = "") -> RemediationStatus:
+        """An operator lifts the hold on a node an earlier episode left quarantined: it is uncordoned."""
+        self.s.lifted_by, self.s.lift_reason = by[:200], reason[:300]
+        self._asked("lift", by, reason)
+        return self.status()
+
+    @lift.validator
+    def _validate_lift(self, reason: str = "", by: str = "") -> None:
+        if not self.s.held or self.s.stage is Stage.DONE:
+            raise ValueError("not held: nothing to lift")
+        if not by:
+            raise ValueError("say who lifts the hold")
+
     @workflow.query
     def status(self) -> RemediationStatus:
         s = self.s
@@ -161,7 +184,7 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
             validations=s.validations, boot_id=s.boot_id, run_ids=s.run_ids, agent_missing=s.agent_missing,
             implicated=s.implicated, policy_name=s.policy_name, policy_sha256=s.policy_sha256,
             cluster=self.inp.cluster, lease_requested=s.lease_requested, admission=s.admission,
-            waiting=self._waiting_for(),
+            waiting=self._waiting_for(), held=s.held,
         )
 
     def _waiting_for(self) -> str:
@@ -169,12 +192,14 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
         s = self.s
         if s.stage is Stage.DONE:
             return ""
+        if s.held:
+            return f"a person: {s.held} (gpuheal lift {self.node})"
         if s.paused:
             return f"resume: paused ({s.pause_reason})"
         if s.admission == "deferred":
             return f"room to quarantine: {s.admission_reason}"
         if s.awaiting_approval is not None:
-            return f"approval to {s.awaiting_approval.value} (gpuheal approve {self.node})"
+            return f"approval to {s.awaiting_approval.value} (gpuheal approve {self.node} {s.awaiting_approval.value})"
         if s.lease_requested and not s.lease_held:
             return "a disruption lease from the fleet guard"
         if s.stage is Stage.PROBATION:
@@ -215,11 +240,16 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
         self._profiles = workflow.patched(PATCH_NODE_PROFILES)
         self._lease_backoff = workflow.patched(PATCH_LEASE_BACKOFF)
         workflow.patched(PATCH_LOAD_VALIDATION), workflow.patched(PATCH_SUSPECT_LOAD_TEST)  # read where used
+        self._trusted_intake(), self._identity(), self._holds(), self._sticky()
         if workflow.info().continued_run_id and self.s.policy_sha256:
             return
         snap = await take_controller_policy(self.node)
         trusted = {"policy": snap.policy, "state": None, "expected_gpus": None,
                    "guard_task_queue": workflow.info().task_queue}
+        if self._identity():
+            # The controller's cluster (so its guard and budget) and history limit, not the sender's.
+            trusted |= {"node": self.node, "history_limit": snap.policy.history_limit,
+                        "cluster": snap.cluster or self.inp.cluster}
         ignored = ignored_fields(self.inp, trusted) if not workflow.info().continued_run_id else []
         self.inp = self.inp.model_copy(update=trusted)
         self.policy = snap.policy
@@ -230,6 +260,10 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
     async def _triage(self) -> None:
         report = self.s.latest
         if self._no_harm() and not await self._node_is_ours():
+            return
+        if self._holds() and await self._held_for_a_person():
+            return
+        if self._sticky() and await self._conditions_already_handled(report):
             return
         t = classify(report.findings, self.inp.generation, self.policy)
         self.s.triage = t
@@ -310,25 +344,6 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
         if self.s.agent_missing and rung is not Rung.REBOOT:
             # Without its agent nothing node-local can run: reboot through the cloud API and wait for it.
             self.s.next_rung = Rung.REBOOT
-
-    def _agent_missing_stops(self, rung: Rung) -> str:
-        """Why a missing agent ends the ladder after `rung` ('' where a reboot may still bring it back):
-        an agent that is gone says nothing about the hardware, so it is never evidence to climb on."""
-        gone = f"agent_missing: no agent on {self.node} ran the work after {rung.value}"
-        if rung is Rung.KILL and self._fixed(PATCH_APP_AGENT_MISSING):
-            return (f"{gone}; an application fault is no reason to reboot the machine: "
-                    "it stays cordoned for a person")
-        if rung.rank >= Rung.REBOOT.rank and self._fixed(PATCH_AGENT_MISSING_TOP):
-            return (f"{gone}, though it rebooted; no evidence about the hardware, so nothing is replaced "
-                    "or denylisted: it stays quarantined for a person")
-        return ""
-
-    async def _leave_for_a_person(self, reason: str) -> None:
-        """The ladder has no evidence to go on: cordoned (safe, no budget) and left for a person, with why."""
-        await self._quarantine()
-        if self._quarantine_withheld() or not self._cordon_holds():
-            return
-        self._finish(Outcome.QUARANTINED, reason)
 
     async def _return_to_service(self) -> None:
         done = await self._kube(c.KUBE_RETURN_TO_SERVICE,

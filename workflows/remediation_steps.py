@@ -12,11 +12,14 @@ from workflows import metrics
 with workflow.unsafe.imports_passed_through():
     from activities import contracts as c
     from policies.classify import Triage
-    from policies.findings import HealthReport
+    from policies.findings import HealthReport, condition_since
     from policies.model import Rung
     from workflows.calls import call_or_none
     from workflows.lease import GuardClient
     from workflows.remediation_types import PATCH_APPROVAL_NO_LEASE, PATCH_REPEAT_PER_BOARD, Outcome, Stage
+
+
+HOLD_RECHECK = timedelta(hours=1)  # how often a held node's taint is looked at again
 
 
 class RemediationSteps(GuardClient):
@@ -26,9 +29,53 @@ class RemediationSteps(GuardClient):
         found = await self._kube(c.KUBE_CHECK_NODE, c.NodeCheckRequest(node=self.node), c.NodeCheckResult,
                                  f"check {self.node} is a GPU node of this cluster")
         if found is None or (found.exists and found.ours):
+            if found is not None and self._holds():
+                self.s.held = (f"{self.node} still carries {c.QUARANTINE_TAINT}={found.quarantined} from an earlier "
+                               "episode: held for a person" if found.quarantined else "")
             return True
         self._finish(Outcome.REJECTED, f"rejected: {found.reason}")
         return False
+
+    async def _held_for_a_person(self) -> bool:
+        """A node an earlier episode left quarantined stays so whatever is re-sent: reports are
+        recorded, nothing is done, until an operator lifts the hold (`gpuheal lift NODE`, recorded
+        with who) or someone removes the taint (checked again every HOLD_RECHECK). True: still held."""
+        if not self.s.held:
+            return False
+        if not any(a.step == "hold" for a in self.s.actions[-3:]):
+            self._record("hold", f"{self.node} held for a person", True, self.s.held)
+        try:
+            await workflow.wait_condition(lambda: self.s.lifted_by is not None or self.s.cancel_reason is not None,
+                                          timeout=HOLD_RECHECK, timeout_summary=f"a person to lift {self.node}'s hold")
+        except TimeoutError:
+            return True  # the triage asks the API server again
+        if self.s.lifted_by is None:
+            return True  # cancelled: the run loop ends the episode
+        done = await self._kube(c.KUBE_RETURN_TO_SERVICE, c.ReturnToServiceRequest(
+            node=self.node, reason=f"hold lifted by {self.s.lifted_by}"), c.ReturnToServiceResult,
+            f"uncordon {self.node}: hold lifted by {self.s.lifted_by}")
+        self.s.held = ""
+        if done is None:
+            self._finish(Outcome.QUARANTINED, f"hold lifted by {self.s.lifted_by} ({self.s.lift_reason}), but the "
+                         f"uncordon failed ({self.s.actions[-1].detail}): the node stays cordoned for a person")
+        else:
+            self._finish(Outcome.HEALTHY, f"hold lifted by {self.s.lifted_by} ({self.s.lift_reason}): back in service")
+        return True
+
+    async def _conditions_already_handled(self, report: HealthReport) -> bool:
+        """A report of node conditions only, each set before this node's last recorded episode
+        started: a sticky condition re-sent (another watcher replica, a restarted one). Nothing is done."""
+        since = [condition_since(f.event_id) for f in report.findings]
+        if not since or any(t is None for t in since):
+            return False
+        last = (await self._ledger(c.LEDGER_LAST_STARTED, c.LastStartedRequest(
+            node=self.node, exclude_episode=self._episode()), c.LastStartedResult,
+            f"when {self.node}'s last episode started")).started_at
+        if last is None or max(since) >= last:
+            return False
+        self._finish(Outcome.HEALTHY, f"only node conditions set before {self.node}'s last episode started "
+                     f"({last:%Y-%m-%dT%H:%M:%SZ}): a re-send, not a new fault; nothing done")
+        return True
 
     async def _quarantine(self) -> None:
         if self.s.quarantined:
@@ -63,6 +110,13 @@ class RemediationSteps(GuardClient):
         self._finish(Outcome.FAILED, f"cordon of {self.node} did not take effect ({self.s.actions[-1].detail}): "
                      "nothing disruptive done; a person must cordon or fix access")
         return False
+
+    async def _leave_for_a_person(self, reason: str) -> None:
+        """The ladder has no evidence to go on: cordoned (safe, no budget) and left for a person, with why."""
+        await self._quarantine()
+        if self._quarantine_withheld() or not self._cordon_holds():
+            return
+        self._finish(Outcome.QUARANTINED, reason)
 
     async def _is_repeat_offender(self) -> bool:
         ro = self.policy.repeat_offender

@@ -36,6 +36,18 @@ PATCH_BOUNDED_STATE = "bounded-state"
 # The guard admits quarantine (at most max_unhealthy cordoned), hears every ending, and lease
 # requests are re-sent while waiting (issue: never wedged).
 PATCH_GUARD_ADMISSION = "guard-admission"
+# Reports cannot steer intake: an undecodable one is recorded as rejected, a sequence is clamped to
+# the workflow's clock (one far ahead is rejected), a boot is retired only by the reboot the episode
+# asked for, and a report whose events were all heard is a duplicate (issue 22: 7, 9, 15d).
+PATCH_TRUSTED_INTAKE = "trusted-intake"
+# The node comes from the workflow id, the cluster and the history limit from the controller (issue 22: 9).
+PATCH_EPISODE_IDENTITY = "episode-identity"
+# A node an earlier episode left quarantined (it still carries gpuheal's taint) is held for a person:
+# a new episode on it records its reports and waits for an operator's `lift` (issue 22: 8).
+PATCH_QUARANTINE_HOLD = "quarantine-hold"
+# A report whose findings are only node conditions set before the node's last episode started (a
+# sticky condition re-sent by another watcher replica) starts nothing (issue 22: 7).
+PATCH_STICKY_CONDITIONS = "sticky-conditions"
 # Issue 22 (do no harm, second pass), one id per defect so each can be told apart in a history.
 PATCH_DRY_RUN_DENYLIST = "dry-run-no-denylist"  # 1: a dry run writes no denylist entry
 PATCH_AGENT_MISSING_TOP = "agent-missing-at-reboot"  # 2: no replace for an agent that did not come back
@@ -127,6 +139,7 @@ class RemediationState(BaseModel):
     lease_held: bool = False
     lease_requests: int = Field(default=0, description="Lease requests made: each new one gets the next id.")
     lease_request_id: str = Field(default="", description="The outstanding request's id (its grant must echo it).")
+    stray_grants: int = Field(default=0, description="Grants ignored: not for the request outstanding (late, duplicate).")
     guard_notified: bool = False
     validations: int = 0
     detect_to_cordon_ms: int | None = None
@@ -148,6 +161,9 @@ class RemediationState(BaseModel):
     policy_sha256: str = ""
     admission: str = Field(default="", description="'', asked, admitted or deferred: the guard's answer on quarantine.")
     admission_reason: str = ""
+    held: str = Field(default="", description="Why the node is held for a person (an earlier episode left it quarantined).")
+    lifted_by: str | None = Field(default=None, description="Who lifted the hold (the `lift` update's caller).")
+    lift_reason: str = ""
     suspect_tested: bool = Field(default=False, description="A suspect node's load test before the ladder has run.")
     pods_marked: list[str] = Field(default_factory=list, description="Pods the fault's attribution was marked on.")
     pods_evicted: list[str] = Field(default_factory=list, description="Pods the drain evicted.")
@@ -202,6 +218,7 @@ class RemediationStatus(BaseModel):
     lease_requested: bool = False
     admission: str = ""
     waiting: str = Field(default="", description="What the episode waits on now, in words.")
+    held: str = ""
 
 
 class RemediationResult(BaseModel):

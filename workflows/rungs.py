@@ -15,6 +15,8 @@ with workflow.unsafe.imports_passed_through():
     from workflows.lease import GuardClient
     from workflows.remediation_types import (
         PATCH_AGENT_BOOT,
+        PATCH_AGENT_MISSING_TOP,
+        PATCH_APP_AGENT_MISSING,
         PATCH_DRY_RUN_DENYLIST,
         PATCH_KILL_IMPLICATED,
         PATCH_REPLACE_THEN_DENY,
@@ -41,6 +43,18 @@ class RungActions(GuardClient):
                 return False
             self._record(rung.value, summary, False, cause(err))
             return False
+
+    def _agent_missing_stops(self, rung: Rung) -> str:
+        """Why a missing agent ends the ladder after `rung` ('' where a reboot may still bring it back):
+        an agent that is gone says nothing about the hardware, so it is never evidence to climb on."""
+        gone = f"agent_missing: no agent on {self.node} ran the work after {rung.value}"
+        if rung is Rung.KILL and self._fixed(PATCH_APP_AGENT_MISSING):
+            return (f"{gone}; an application fault is no reason to reboot the machine: "
+                    "it stays cordoned for a person")
+        if rung.rank >= Rung.REBOOT.rank and self._fixed(PATCH_AGENT_MISSING_TOP):
+            return (f"{gone}, though it rebooted; no evidence about the hardware, so nothing is replaced "
+                    "or denylisted: it stays quarantined for a person")
+        return ""
 
     async def _kill(self, summary: str, key: str, rp: RungPolicy) -> bool:
         result = await self._stop_gpu_processes(summary, rp, whole_node=False)

@@ -41,7 +41,7 @@ async def test_load_faults_are_found_under_load_and_climb_the_ladder_only_when_t
         "gpu-node-4": ("returned", "xid", ["reset"]),
         # suspected but healthy: drained, load-tested, returned with no rung
         "gpu-node-5": ("healthy", "suspect", []),
-    }
+    }, [(e["outcome"], e["reason"]) for e in seen["gpu-node-0"]]
     # The finding names the GPU and the test; only that GPU's ids are denylisted.
     steps = [s for e in seen["gpu-node-0"] for s in e["steps"]]
     first = next(s for s in steps if s["step"] == "node.validate")

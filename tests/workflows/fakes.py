@@ -91,6 +91,8 @@ class FakeFleet:
     check_drain_lease: bool = False  # each drain asks the guard whether the node holds a lease
     drained_without_lease: list[str] = field(default_factory=list)
     episodes_unlisted: bool = False  # guard.running_episodes fails (visibility down)
+    guard_client: Client | None = None  # the guard's activities' client (tests slow its calls down)
+    admitted_hw: dict[str, set[str]] = field(default_factory=dict)  # the ledger's admissions: node -> hardware
 
     def add(self, node: FakeNode) -> FakeNode:
         self.nodes[node.name] = node
@@ -124,6 +126,8 @@ class FakeFleet:
     @activity.defn(name=c.KUBE_QUARANTINE)
     async def quarantine(self, req: c.QuarantineRequest) -> c.QuarantineResult:
         n = self._node(req)
+        if req.dry_run:  # as the real one: a dry run changes nothing
+            return c.QuarantineResult(node=n.name, changed=False, cordoned_at=datetime.now(UTC), dry_run=True)
         changed, n.cordoned = not n.cordoned, True
         return c.QuarantineResult(node=n.name, changed=changed, cordoned_at=datetime.now(UTC))
 
@@ -175,7 +179,7 @@ class FakeFleet:
         if n.replaced_boot == n.boot:  # as kube.check_node reads the replaced annotation
             return c.NodeCheckResult(exists=True, ours=False, reason=f"node {n.name} was replaced: reports from its "
                                      "old host start nothing")
-        return c.NodeCheckResult(exists=True, ours=True)
+        return c.NodeCheckResult(exists=True, ours=True, quarantined="fault" if n.cordoned else None)
 
     @activity.defn(name=c.KUBE_FLEET_SIZE)
     async def count_fleet(self) -> int:
@@ -236,6 +240,14 @@ class FakeFleet:
     async def gpu_pods(self, req: c.GpuPodsRequest) -> c.GpuPodsResult:
         return c.GpuPodsResult(pod_gpus=self._node(req).pod_gpus)
 
+    @activity.defn(name=c.NODE_HARDWARE_IDS)
+    async def hardware_ids(self, req: c.HardwareIdsRequest) -> c.HardwareIdsResult:
+        """What NVML on the node says: its own GPUs' ids, whoever started the admission."""
+        n = self._node(req)
+        gpus = n.ids()
+        return c.HardwareIdsResult(hardware_ids=sorted({g.uuid for g in gpus} | {g.serial for g in gpus if g.serial}),
+                                   gpus=len(gpus))
+
     @activity.defn(name=c.NODE_VALIDATE)
     async def validate(self, req: c.ValidateRequest) -> c.ValidationResult:
         n = self._node(req)
@@ -263,6 +275,19 @@ class FakeFleet:
         self.denylist.update({i: req.reason for i in added})
         return c.DenylistResult(added=added)
 
+    @activity.defn(name=c.LEDGER_LAST_STARTED)
+    async def last_started(self, req: c.LastStartedRequest) -> c.LastStartedResult:
+        starts = [r.started_at for r in self.records if r.node == req.node and r.episode != req.exclude_episode]
+        return c.LastStartedResult(started_at=max(starts, default=None))
+
+    @activity.defn(name=c.LEDGER_ADMIT)
+    async def admit(self, req: c.AdmitRequest) -> None:
+        self.admitted_hw.setdefault(req.node, set()).update(req.hardware_ids)
+
+    @activity.defn(name=c.LEDGER_ADMITTED)
+    async def admitted(self, req: c.AdmittedRequest) -> c.AdmittedResult:
+        return c.AdmittedResult(hardware_ids=sorted(self.admitted_hw.get(req.node, set())))
+
     @activity.defn(name=c.LEDGER_BASELINE)
     async def baseline(self, req: c.BaselineRequest) -> c.BaselineResult:
         return c.BaselineResult()
@@ -274,13 +299,21 @@ class FakeFleet:
     @activity.defn(name=c.POLICY_CURRENT)
     async def current_policy(self, req: c.PolicyRequest) -> c.PolicySnapshot:
         """The controller's policy: whatever the test set on the fleet, read at each episode's start."""
-        return PolicyActivities(self.policy, "test").snapshot
+        policy = self.policy
+        if self.history_limit is not None:  # the limit is the controller's policy's, never a sender's
+            policy = policy.model_copy(update={"history_limit": self.history_limit})
+        return PolicyActivities(policy, "test", self.cluster).snapshot
 
     # --- guard: the real activities against the server, slowed or failed on demand -------------
     @activity.defn(name=c.GUARD_LIVE_HOLDERS)
     async def live_holders(self, req: c.LiveHoldersRequest) -> c.LiveHoldersResult:
         await asyncio.sleep(self.holder_check_delay)
-        return await GuardActivities(self.client).live_holders(req)
+        return await GuardActivities(self.guard_client or self.client).live_holders(req)
+
+    @activity.defn(name=c.GUARD_RUNNING_HOLDERS)
+    async def running_holders(self, req: c.LiveHoldersRequest) -> c.LiveHoldersResult:
+        await asyncio.sleep(self.holder_check_delay)
+        return await GuardActivities(self.guard_client or self.client).running_holders(req)
 
     @activity.defn(name=c.GUARD_RUNNING_EPISODES)
     async def running_episodes(self, req: c.RunningEpisodesRequest) -> c.RunningEpisodesResult:
@@ -294,7 +327,8 @@ class FakeFleet:
                 self.replace, self.kill, self.reset, self.validate, self.record, self.count_recent,
                 self.denylist_add, self.check_denied, self.event, self.count_fleet, guard.signal_guard,
                 self.live_holders, self.running_episodes, self.quarantined_nodes, self.check_node, self.kubelet_boot_id, self.gpu_pods, self.current_policy,
-                self.baseline, self.load_figures]
+                self.baseline, self.load_figures, self.hardware_ids, self.admit, self.admitted, self.running_holders,
+                self.last_started]
 
     @contextlib.asynccontextmanager
     async def workers(self):
