@@ -99,6 +99,7 @@ class WhatIfFleet:
     jobs_interrupted: int = 0
     dropped: int = 0  # faults that arrived while their slot's node was being replaced
     open_episodes: set[str] = field(default_factory=set)
+    admitted: dict[str, list[str]] = field(default_factory=dict)  # node -> hardware it was admitted with
     episode_names: set[str] = field(default_factory=set)
     _workers: dict[str, tuple[Worker, asyncio.Task]] = field(default_factory=dict)
 
@@ -308,6 +309,11 @@ class WhatIfFleet:
     async def gpu_pods(self, req: c.GpuPodsRequest) -> c.GpuPodsResult:
         return c.GpuPodsResult(pod_gpus={})
 
+    @activity.defn(name=c.NODE_HARDWARE_IDS)
+    async def hardware_ids(self, req: c.HardwareIdsRequest) -> c.HardwareIdsResult:
+        ids = self.by_name[req.node].ids()
+        return c.HardwareIdsResult(hardware_ids=sorted([g.uuid for g in ids] + [g.serial for g in ids]), gpus=GPUS)
+
     @activity.defn(name=c.NODE_INVENTORY)
     async def inventory(self, req: c.InventoryRequest) -> c.InventoryResult:
         """The what-if models no hardware inventory: admission records no baseline (it says so)."""
@@ -339,6 +345,19 @@ class WhatIfFleet:
     async def check_denied(self, req: c.CheckDeniedRequest) -> c.CheckDeniedResult:
         return c.CheckDeniedResult(denied={i: self.denylist[i] for i in req.hardware_ids if i in self.denylist})
 
+    @activity.defn(name=c.LEDGER_ADMIT)
+    async def admit(self, req: c.AdmitRequest) -> None:
+        self.admitted[req.node] = sorted({*self.admitted.get(req.node, []), *req.hardware_ids})
+
+    @activity.defn(name=c.LEDGER_ADMITTED)
+    async def was_admitted(self, req: c.AdmittedRequest) -> c.AdmittedResult:
+        return c.AdmittedResult(hardware_ids=self.admitted.get(req.node, []))
+
+    @activity.defn(name=c.LEDGER_LAST_STARTED)
+    async def last_started(self, req: c.LastStartedRequest) -> c.LastStartedResult:
+        starts = [r.started_at for r in self.records if r.node == req.node and r.episode != req.exclude_episode]
+        return c.LastStartedResult(started_at=max(starts, default=None))
+
     @activity.defn(name=c.LEDGER_BASELINE)
     async def sku_baseline(self, req: c.BaselineRequest) -> c.BaselineResult:
         """No load figures in the what-if: a load test is judged against the shipped floors."""
@@ -358,6 +377,7 @@ class WhatIfFleet:
         return [self.deliver, self.quarantine, self.return_to_service, self.attribute_pods, self.drain, self.event,
                 self.check_node, self.count_fleet, self.quarantined_nodes, self.reboot, self.kubelet_boot_id,
                 self.replace, self.record, self.count_recent, self.check_denied, self.denylist_add, self.sku_baseline,
+                self.admit, self.was_admitted, self.last_started, guard.running_holders,
                 PolicyActivities(self.policy, "whatif").current, guard.signal_guard, guard.live_holders,
                 guard.running_episodes]
 
@@ -366,7 +386,7 @@ class WhatIfFleet:
         if node in self._workers:
             return
         w = Worker(self.client, task_queue=c.node_task_queue(node), max_concurrent_activity_task_polls=1,
-                   activities=[self.kill, self.reset, self.gpu_pods, self.validate, self.inventory])
+                   activities=[self.kill, self.reset, self.gpu_pods, self.validate, self.inventory, self.hardware_ids])
         self._workers[node] = (w, asyncio.create_task(w.run()))
 
     async def stop_workers(self) -> None:
