@@ -15,6 +15,7 @@ lint: $(STAMP)
 
 test: $(STAMP) lint
 	@command -v kubectl >/dev/null 2>&1 || echo "kubectl is not on the PATH: the kubectl conformance tests (tests/sim/test_kubectl.py) do not run (apt-get install kubectl)"
+	@command -v promtool >/dev/null 2>&1 || echo "promtool is not on the PATH: the alert rules' promtool tests (tests/deploy/test_monitoring.py) do not run (apt-get install prometheus)"
 	$(VENV)/bin/pytest -q
 
 demo: $(STAMP)

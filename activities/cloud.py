@@ -5,23 +5,33 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
+from botocore.config import Config
 from botocore.exceptions import ClientError
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from activities import contracts as c
 from activities.errors import INVALID_REQUEST, NO_EFFECT, NODE_GONE, NOT_OWNED, PERMISSION_DENIED, fail
-from activities.kube import call_api
+from activities.kube import CLUSTER_CALL_THREADS, call_api
 
 _PROVIDER_ID = re.compile(r"^aws:///(?P<zone>[^/]+)/(?P<id>i-[0-9a-f]+)$")
 REBOOT_KEY_TAG = "gpuheal.io/reboot-key"
 REBOOT_STATE_TAG = "gpuheal.io/reboot-state"
 REBOOT_FROM_TAG = "gpuheal.io/reboot-from-boot"  # the kubelet's boot id when the reboot was asked for
+REBOOT_AT_TAG = "gpuheal.io/reboot-at"  # when the reboot was asked for (ISO 8601, UTC)
+# Auto Scaling lifecycle states of an instance on its way out: a termination lifecycle hook holds it
+# in Terminating:Wait (EC2 state still `running`) until the hook completes or times out (default 1 h,
+# at most 48 h), then Terminating:Proceed and Terminated. The replacement is under way in each.
+TERMINATING_LIFECYCLE = {"Terminating", "Terminating:Wait", "Terminating:Proceed", "Terminated"}
 _DENIED = {"UnauthorizedOperation", "AccessDenied", "AccessDeniedException", "AuthFailure"}
 _GONE_STATES = {"shutting-down", "terminated"}
+# One pooled connection per activity thread: botocore's default pool of 10 discards connections
+# (with a urllib3 warning each) when more calls than that run at once.
+AWS_CLIENT_CONFIG = Config(max_pool_connections=CLUSTER_CALL_THREADS)
 
 
 def instance_id_from_provider_id(provider_id: str | None) -> str:
@@ -121,6 +131,10 @@ class CloudActivities:
         # The key (and the boot it reboots from) is written before the reboot and marked sent
         # after. A retry that finds it pending was cut off in between: if the node shows the
         # reboot, it went out; only if it shows none is it sent again.
+        if mine and tags.get(REBOOT_STATE_TAG) == "pending" and self._booting(tags, req.boot_wait_s):
+            # It may have gone out, and a GPU server takes minutes to boot: not sent again within its
+            # boot window (the episode waits for the new boot, and knows what to do if none comes).
+            return c.RebootResult(instance_id=iid, rebooted=True, from_boot=recorded_from)
         if mine and tags.get(REBOOT_STATE_TAG) == "pending" and await self._rebooted_since(req.node, recorded_from):
             await self._aws("tag instance", self.ec2.create_tags, Resources=[iid],
                             Tags=[{"Key": REBOOT_STATE_TAG, "Value": "sent"}])
@@ -128,15 +142,62 @@ class CloudActivities:
         from_boot = self._kubelet_boot_id(n)
         await self._aws("tag instance", self.ec2.create_tags, Resources=[iid], Tags=[
             {"Key": REBOOT_KEY_TAG, "Value": req.idempotency_key[:255]}, {"Key": REBOOT_STATE_TAG, "Value": "pending"},
-            {"Key": REBOOT_FROM_TAG, "Value": (from_boot or "")[:255]}])
-        await self._aws("reboot instance", self.ec2.reboot_instances, InstanceIds=[iid])
+            {"Key": REBOOT_FROM_TAG, "Value": (from_boot or "")[:255]},
+            {"Key": REBOOT_AT_TAG, "Value": datetime.now(UTC).isoformat(timespec="seconds")}])
+        try:
+            await self._aws("reboot instance", self.ec2.reboot_instances, InstanceIds=[iid])
+        except ClientError:
+            # Refused by the API: nothing went out, so a retry sends it at once.
+            await self._aws("tag instance", self.ec2.create_tags, Resources=[iid],
+                            Tags=[{"Key": REBOOT_STATE_TAG, "Value": "refused"}])
+            raise
         await self._aws("tag instance", self.ec2.create_tags, Resources=[iid],
                         Tags=[{"Key": REBOOT_STATE_TAG, "Value": "sent"}])
         return c.RebootResult(instance_id=iid, rebooted=True, from_boot=from_boot)
 
+    @staticmethod
+    def _booting(tags: dict[str, str], boot_wait_s: float) -> bool:
+        """Whether a pending reboot was asked for less than a boot window ago."""
+        try:
+            asked = datetime.fromisoformat(tags[REBOOT_AT_TAG])
+        except (KeyError, ValueError):
+            return False  # asked before the time was kept: the old rule (a sign within a minute)
+        return (datetime.now(UTC) - asked).total_seconds() < boot_wait_s
+
+    async def _lifecycle_state(self, iid: str) -> str | None:
+        found = await self._aws("describe ASG membership", self.autoscaling.describe_auto_scaling_instances,
+                                InstanceIds=[iid])
+        return found["AutoScalingInstances"][0].get("LifecycleState") if found["AutoScalingInstances"] else None
+
     # --- replace -------------------------------------------------------------------------------
     @activity.defn(name=c.CLOUD_REPLACE)
     async def replace(self, req: c.ReplaceRequest) -> c.ReplaceResult:
+        """Terminate (ASG: keeping capacity, so a new instance takes its place) or delete the Node
+        (Karpenter); the Node is marked replaced so its old host's last reports start nothing."""
+        done = await self._terminate(req)
+        if done.action in ("dry_run", "karpenter"):
+            return done
+        return done.model_copy(update={"marked": await self._mark_replaced(req.node, req.idempotency_key)})
+
+    async def _mark_replaced(self, node: str, by: str) -> bool:
+        """Annotates the Node replaced, with the kubelet's boot id of the host going away: reports from
+        that host start nothing (kube.check_node). Verified on the answer; a Node already gone is fine."""
+        try:
+            n = await self._read_node(node)
+        except ApplicationError:
+            return False  # NodeGone: no Node, no reports to tell apart
+        ann = {c.REPLACED_ANNOTATION: by[:253], c.REPLACED_BOOT_ANNOTATION: self._kubelet_boot_id(n) or ""}
+        try:
+            after = await call_api(self.core.patch_node, node, {"metadata": {"annotations": ann}})
+        except ApiException as err:
+            if err.status == 404:
+                return False
+            raise
+        if any((after.metadata.annotations or {}).get(k) != v for k, v in ann.items()):
+            raise fail(NO_EFFECT, f"node {node}: replaced annotation did not stick")
+        return True
+
+    async def _terminate(self, req: c.ReplaceRequest) -> c.ReplaceResult:
         iid = await self._instance_id(req.node)
         inst = await self._describe(iid)
         if inst is None or inst["State"]["Name"] in _GONE_STATES:
@@ -157,15 +218,21 @@ class CloudActivities:
             found = await self._aws("describe ASG membership", self.autoscaling.describe_auto_scaling_instances,
                                     InstanceIds=[iid])
             asg = found["AutoScalingInstances"][0]["AutoScalingGroupName"] if found["AutoScalingInstances"] else None
+            lifecycle = found["AutoScalingInstances"][0].get("LifecycleState") if asg else None
+            if lifecycle in TERMINATING_LIFECYCLE:
+                # A retry: the terminate was accepted and a lifecycle hook holds the instance.
+                return c.ReplaceResult(instance_id=iid, action="asg", lifecycle_state=lifecycle)
         if asg is not None:
             await self._aws("terminate in ASG", self.autoscaling.terminate_instance_in_auto_scaling_group,
                             InstanceId=iid, ShouldDecrementDesiredCapacity=False)
         else:
             await self._aws("terminate instance", self.ec2.terminate_instances, InstanceIds=[iid])
         after = await self._describe(iid)
-        if after is not None and after["State"]["Name"] not in _GONE_STATES:
-            raise fail(NO_EFFECT, f"instance {iid} still {after['State']['Name']} after terminate")
-        return c.ReplaceResult(instance_id=iid, action="asg" if asg else "ec2")
+        lifecycle = await self._lifecycle_state(iid) if asg else None
+        if after is not None and after["State"]["Name"] not in _GONE_STATES and lifecycle not in TERMINATING_LIFECYCLE:
+            raise fail(NO_EFFECT, f"instance {iid} still {after['State']['Name']} after terminate"
+                       + (f" (Auto Scaling lifecycle {lifecycle})" if asg else ""))
+        return c.ReplaceResult(instance_id=iid, action="asg" if asg else "ec2", lifecycle_state=lifecycle)
 
     # --- boot id (when the agent is gone) ------------------------------------------------------
     @activity.defn(name=c.CLOUD_BOOT_ID)

@@ -7,7 +7,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from policies.baseline import NodeInventory
 from policies.findings import Finding
+from policies.load import GpuLoadResult, LoadReport, LoadTestPolicy, SkuReference
 from policies.model import Attribution, GuardPolicy, Policy
 
 # Names are stable strings: histories record them, so renaming one breaks replay.
@@ -26,13 +28,20 @@ NODE_KILL = "node.kill_gpu_processes"
 NODE_RESET = "node.reset_gpu"
 NODE_VALIDATE = "node.validate"
 NODE_GPU_PODS = "node.gpu_pods"
+NODE_HARDWARE_IDS = "node.hardware_ids"
 LEDGER_RECORD = "ledger.record"
 LEDGER_COUNT_RECENT = "ledger.count_recent"
 LEDGER_DENYLIST = "ledger.denylist"
 LEDGER_CHECK_DENIED = "ledger.check_denied"
+LEDGER_ADMIT = "ledger.admit"
+LEDGER_ADMITTED = "ledger.admitted"
+LEDGER_LAST_STARTED = "ledger.last_started"
+LEDGER_LOAD_FIGURES = "ledger.load_figures"
+LEDGER_BASELINE = "ledger.baseline"
 GUARD_SIGNAL = "guard.signal"
 GUARD_LIVE_HOLDERS = "guard.live_holders"
 GUARD_RUNNING_EPISODES = "guard.running_episodes"
+GUARD_RUNNING_HOLDERS = "guard.running_holders"
 POLICY_CURRENT = "policy.current"
 
 DEFAULT_TASK_QUEUE = "gpuheal"  # the controller's queue: workflows and cluster-side activities
@@ -106,6 +115,8 @@ class NodeCheckResult(BaseModel):
     exists: bool
     ours: bool = Field(description="The node matches the controller's GPU node selector (or there is none).")
     reason: str = ""
+    quarantined: str | None = Field(default=None, description="The value of gpuheal's quarantine taint (the fault "
+                                    "class) when the node carries it: an earlier episode left it for a person.")
 
 
 UNAFFECTED = "unaffected"  # the attribution mark of a pod whose GPUs did not fail
@@ -155,6 +166,8 @@ class EventRequest(_Request):
 class RebootRequest(_Request):
     idempotency_key: str = Field(description="One reboot per key, however often the activity is retried.")
     ownership_tag: str = "gpuheal.io/managed=true"
+    boot_wait_s: float = Field(default=0.0, description="How long a machine may take to boot (the reboot rung's "
+                               "return_timeout): a reboot that may have gone out is not sent again sooner.")
 
 
 class RebootResult(BaseModel):
@@ -170,9 +183,18 @@ class ReplaceRequest(_Request):
     ownership_tag: str = "gpuheal.io/managed=true"
 
 
+# Set on the Node once its instance's replacement is under way: the old host may run (and its agent
+# report) for a while after the terminate, and those reports must start nothing (issue 22, 14).
+REPLACED_ANNOTATION = "gpuheal.io/replaced-by"
+REPLACED_BOOT_ANNOTATION = "gpuheal.io/replaced-boot"  # the kubelet's boot id of the host replaced
+
+
 class ReplaceResult(BaseModel):
     instance_id: str
     action: Literal["asg", "ec2", "karpenter", "already_terminated", "dry_run"]
+    lifecycle_state: str | None = Field(default=None, description="The Auto Scaling lifecycle state after the "
+                                        "terminate (Terminating:Wait while a lifecycle hook holds the instance).")
+    marked: bool = Field(default=False, description="The Node carries REPLACED_ANNOTATION (verified).")
 
 
 # --- node-local ---------------------------------------------------------------------------------
@@ -181,16 +203,31 @@ class GpuProcess(BaseModel):
     gpu_index: int
     pod: str | None = Field(default=None, description="namespace/name from the process's cgroup, when in a pod.")
     used_memory_bytes: int | None = None
+    gpu_instance_id: int | None = Field(default=None, description="MIG GPU instance (None: MIG off).")
+    compute_instance_id: int | None = None
+    start_ticks: int | None = Field(default=None, description="/proc/<pid>/stat starttime: a reused pid differs.")
+
+
+class MigTarget(BaseModel):
+    """An implicated MIG instance: only its processes are stopped on a GPU in MIG mode."""
+
+    gpu_index: int
+    gpu_instance_id: int
+    compute_instance_id: int | None = Field(default=None, description="None: every compute instance of the GPU instance.")
 
 
 class KillRequest(_Request):
-    gpus: list[int] = Field(default_factory=list, description="Empty: every GPU.")
+    gpus: list[int] = Field(default_factory=list, description="The implicated GPUs. Empty: none (see all_gpus).")
+    all_gpus: bool = Field(default=False, description="Every GPU's processes (a drained node before a whole-node reset).")
+    mig: list[MigTarget] = Field(default_factory=list,
+                                 description="On a GPU in MIG mode only these instances' processes; none named: nothing there.")
     grace_s: float = 10.0
 
 
 class KillResult(BaseModel):
     killed: list[GpuProcess] = Field(default_factory=list)
     dry_run: bool = False
+    spared: list[str] = Field(default_factory=list, description="What was left alone, and why (MIG, a reused pid).")
 
 
 class ResetRequest(_Request):
@@ -206,12 +243,36 @@ class ValidateRequest(_Request):
     dcgm_level: int = 2
     dcgm_required: bool = False
     expected_gpus: int | None = None
+    tier: str | None = Field(default=None, description="Load-test tier (quick, repair, admission); None: status "
+                                                       "probes only (a node still in service, or an old history).")
+    load: LoadTestPolicy | None = None
+    references: dict[str, SkuReference] = Field(default_factory=dict, description="Per-SKU fleet medians to judge against.")
+    gpus: list[int] = Field(default_factory=list, description="GPUs to load-test; empty: all.")
 
 
 class ValidationResult(BaseModel):
     passed: bool
     findings: list[Finding] = Field(default_factory=list)
     checks: list[str] = Field(default_factory=list, description="What ran: nvml, kmsg, nics, dcgm-r2 ...")
+    load: LoadReport | None = Field(default=None, description="The load test's figures, per GPU.")
+
+
+class LoadFiguresRecord(BaseModel):
+    """One validation's figures for the ledger, per node and GPU serial."""
+
+    node: str
+    episode: str
+    tier: str
+    at: datetime
+    gpus: list[GpuLoadResult]
+
+
+class BaselineRequest(BaseModel):
+    skus: list[str] = Field(default_factory=list, description="Empty: every SKU measured.")
+
+
+class BaselineResult(BaseModel):
+    references: dict[str, SkuReference] = Field(default_factory=dict)
 
 
 class BootIdRequest(_Request):
@@ -227,7 +288,24 @@ class GpuPodsResult(BaseModel):
                                            description="'uid:<pod uid>' -> the GPUs its processes run on.")
 
 
+class HardwareIdsRequest(_Request):
+    pass
+
+
+class HardwareIdsResult(BaseModel):
+    """The node's own GPU ids, read by its agent (NVML): what admission checks, never a sender's claim."""
+
+    hardware_ids: list[str] = Field(default_factory=list, description="GPU UUIDs and serials, sorted.")
+    gpus: int = 0
+
+
 # --- ledger -------------------------------------------------------------------------------------
+class InterruptedPod(BaseModel):
+    pod: str = Field(description="namespace/name")
+    attribution: Attribution = Field(description="platform: the node failed it; application: its own fault.")
+    how: str = Field(default="marked", description="marked (the fault's pods) or evicted (by the drain).")
+
+
 class RemediationRecord(BaseModel):
     node: str
     episode: str = Field(description="workflow id / first run id: the record's idempotency key.")
@@ -238,11 +316,27 @@ class RemediationRecord(BaseModel):
     outcome: str
     started_at: datetime
     ended_at: datetime
+    boards: list[str] = Field(default_factory=list, description="Ids of the hardware a probe implicated (a GPU's "
+                              "UUID and serial, or the instance): repeat offenders are counted per board by these.")
+    # The outcome ledger (issue 26); absent from records written before it.
+    detected_at: datetime | None = Field(default=None, description="The detector's clock at the first report.")
+    returned_at: datetime | None = Field(default=None, description="Back in service (verified uncordon), if it was.")
+    out_of_service_s: float | None = Field(
+        default=None, description="From detection to back in service (or the episode's end); 0: never cordoned.")
+    phases: dict[str, float] = Field(default_factory=dict, description="Seconds per phase (workflows/outcome.py).")
+    pods: list[InterruptedPod] = Field(default_factory=list, description="Pods the episode interrupted.")
+    finding: Finding | None = Field(default=None, description="The finding that set the first rung (what-if replays it).")
+    validations: dict[str, int] = Field(default_factory=dict, description="Validation runs: passed and failed.")
+    agent_missing: bool = Field(default=False, description="A node-local step found no agent on the node.")
+    sku: str | None = Field(default=None, description="The node's GPU generation (hopper, ...).")
+    profile: str | None = Field(default=None, description="The node's profile (policies/profiles.py), if one applied.")
 
 
 class CountRecentRequest(BaseModel):
     hardware_ids: list[str]
     window_s: float
+    by_board: bool = Field(default=False, description="Count episodes that implicated these ids (their `boards`), "
+                           "not every episode of a node that listed them.")
     exclude_episode: str | None = None
 
 
@@ -262,6 +356,30 @@ class CheckDeniedRequest(BaseModel):
 
 class CheckDeniedResult(BaseModel):
     denied: dict[str, str] = Field(default_factory=dict, description="id -> reason it was denied.")
+
+
+class AdmitRequest(BaseModel):
+    """A node admitted with this hardware: a later admission of the same node and hardware is a re-start."""
+
+    node: str
+    hardware_ids: list[str]
+
+
+class AdmittedRequest(BaseModel):
+    node: str
+
+
+class LastStartedRequest(BaseModel):
+    node: str
+    exclude_episode: str | None = None
+
+
+class LastStartedResult(BaseModel):
+    started_at: datetime | None = Field(default=None, description="When the node's latest recorded episode started.")
+
+
+class AdmittedResult(BaseModel):
+    hardware_ids: list[str] = Field(default_factory=list, description="Hardware the node was admitted with before.")
 
 
 # --- fleet guard --------------------------------------------------------------------------------
@@ -314,3 +432,41 @@ class PolicySnapshot(BaseModel):
     sha256: str = Field(description="Hash of the policy's canonical JSON: two controllers with one file agree.")
     source: str = Field(default="", description="Where the controller loaded it from (a path, or 'default').")
     policy: Policy
+    cluster: str | None = Field(default=None, description="The controller's cluster: an episode's guard and budget "
+                                "(None: a controller from before says nothing, the start input's stands).")
+    profile: str | None = Field(default=None, description="The node's profile, when one applies (its overrides are in `policy`).")
+    profile_reason: str = Field(default="", description="Why the node gets that profile (or none).")
+
+
+# --- node profiles and baselines (activities/node_profile.py) -------------------------------------
+PROFILE_EXPECTATIONS = "profile.expectations"
+PROFILE_RECORD_BASELINE = "profile.record_baseline"
+NODE_INVENTORY = "node.inventory"
+PROFILE_WORKFLOW = "NodeProfile"
+
+
+def profile_workflow_id(node: str) -> str:
+    return f"profile/{node}"
+
+
+class ExpectationsRequest(BaseModel):
+    node: str
+    observed: NodeInventory | None = Field(
+        default=None, description="What the agent's first healthy cycle saw: recorded as the node's baseline "
+                                  "(learned, not validated) when it has none yet.")
+    boot_id: str = ""
+
+
+class RecordBaselineRequest(_Request):
+    inventory: NodeInventory
+    validated: bool = True
+    boot_id: str = ""
+
+
+class InventoryRequest(_Request):
+    pass
+
+
+class InventoryResult(BaseModel):
+    inventory: NodeInventory | None = Field(default=None, description="None: a probe could not read what is there.")
+    findings: list[Finding] = Field(default_factory=list, description="Faults seen while taking it: nothing is recorded then.")

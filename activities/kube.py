@@ -233,18 +233,21 @@ class KubeActivities:
     async def check_node(self, req: c.NodeCheckRequest) -> c.NodeCheckResult:
         """Whether a report names a node that exists and is one of ours, before anything is done to it."""
         try:
-            await call_api(self.core.read_node, req.node)
+            n = await call_api(self.core.read_node, req.node)
         except ApiException as err:
             if err.status == 404:
                 return c.NodeCheckResult(exists=False, ours=False, reason=f"node {req.node} does not exist")
             self._raise_mapped("get", f"nodes/{req.node}", err)
+        if (why := replaced_host(n)) is not None:
+            return c.NodeCheckResult(exists=True, ours=False, reason=why)
         if self.gpu_node_selector:
             found = await self._call("list", "nodes", self.core.list_node, field_selector=f"metadata.name={req.node}",
                                      label_selector=self.gpu_node_selector)
             if not found.items:
                 return c.NodeCheckResult(exists=True, ours=False,
                                          reason=f"node {req.node} does not match the GPU node selector {self.gpu_node_selector}")
-        return c.NodeCheckResult(exists=True, ours=True)
+        held = next((t.value or "fault" for t in (n.spec.taints or []) if t.key == c.QUARANTINE_TAINT), None)
+        return c.NodeCheckResult(exists=True, ours=True, quarantined=held)
 
     @activity.defn(name=c.KUBE_FLEET_SIZE)
     async def fleet_size(self) -> int:
@@ -397,3 +400,17 @@ def load_core_api(kubeconfig: str | None = None) -> client.CoreV1Api:
         config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
     cfg.connection_pool_maxsize = CLUSTER_CALL_THREADS
     return client.CoreV1Api(client.ApiClient(cfg))
+
+
+def replaced_host(n: client.V1Node) -> str | None:
+    """Why a Node is the host gpuheal replaced (its instance runs on a while after the terminate), or
+    None. A new host registered under the same name reports another kubelet boot id: it is ours."""
+    ann = n.metadata.annotations or {}
+    if c.REPLACED_ANNOTATION not in ann:
+        return None
+    boot = n.status.node_info.boot_id if n.status and n.status.node_info else None
+    replaced_boot = ann.get(c.REPLACED_BOOT_ANNOTATION) or ""
+    if boot and replaced_boot and boot != replaced_boot:
+        return None
+    return (f"node {n.metadata.name} was replaced ({ann[c.REPLACED_ANNOTATION]}, boot {replaced_boot or 'unknown'}): "
+            "reports from its old host start nothing")

@@ -17,13 +17,19 @@ from typing import Protocol
 from temporalio import activity
 
 from activities import contracts as c
+from activities.outcomes import REPEAT_WINDOWS_D, count_outcome
 
 
 class Ledger(Protocol):
     def record(self, rec: c.RemediationRecord) -> bool: ...
-    def count_recent(self, hardware_ids: list[str], since: datetime, exclude_episode: str | None) -> int: ...
+    def records(self, since: datetime | None = None) -> list[c.RemediationRecord]: ...
+    def count_recent(self, hardware_ids: list[str], since: datetime, exclude_episode: str | None,
+                     by_board: bool = False) -> int: ...
     def deny(self, hardware_ids: list[str], node: str, reason: str) -> list[str]: ...
     def denied(self, hardware_ids: list[str]) -> dict[str, str]: ...
+    def admit(self, node: str, hardware_ids: list[str]) -> None: ...
+    def admitted(self, node: str) -> list[str]: ...
+    def last_started(self, node: str, exclude_episode: str | None) -> datetime | None: ...
 
 
 # Outcomes of episodes that changed nothing on the node's hardware.
@@ -50,7 +56,12 @@ class SqliteLedger:
                 CREATE TABLE IF NOT EXISTS remediation_hw (episode TEXT, hardware_id TEXT, ended_at TEXT,
                     PRIMARY KEY (episode, hardware_id));
                 CREATE INDEX IF NOT EXISTS remediation_hw_id ON remediation_hw (hardware_id, ended_at);
+                CREATE TABLE IF NOT EXISTS remediation_board (episode TEXT, hardware_id TEXT, ended_at TEXT,
+                    PRIMARY KEY (episode, hardware_id));
+                CREATE INDEX IF NOT EXISTS remediation_board_id ON remediation_board (hardware_id, ended_at);
                 CREATE TABLE IF NOT EXISTS denylist (hardware_id TEXT PRIMARY KEY, node TEXT, reason TEXT, at TEXT);
+                CREATE TABLE IF NOT EXISTS admitted (node TEXT, hardware_id TEXT, at TEXT, PRIMARY KEY (node, hardware_id));
+                CREATE TABLE IF NOT EXISTS remediation_body (episode TEXT PRIMARY KEY, body TEXT);
             """)
 
     def record(self, rec: c.RemediationRecord) -> bool:
@@ -61,15 +72,40 @@ class SqliteLedger:
                  rec.started_at.isoformat(), rec.ended_at.isoformat()))
             self.db.executemany("INSERT OR IGNORE INTO remediation_hw VALUES (?,?,?)",
                                 [(rec.episode, h, rec.ended_at.isoformat()) for h in rec.hardware_ids])
+            self.db.executemany("INSERT OR IGNORE INTO remediation_board VALUES (?,?,?)",
+                                [(rec.episode, h, rec.ended_at.isoformat()) for h in rec.boards])
+            # The whole record (phases, pods: the outcome ledger); the columns above stay for old readers.
+            self.db.execute("INSERT OR IGNORE INTO remediation_body VALUES (?,?)", (rec.episode, rec.model_dump_json()))
             return cur.rowcount == 1
 
-    def count_recent(self, hardware_ids: list[str], since: datetime, exclude_episode: str | None) -> int:
+    def records(self, since: datetime | None = None) -> list[c.RemediationRecord]:
+        """Every record that ended at or after `since`, oldest first (rows from before the outcome
+        ledger have no body: rebuilt from their columns)."""
+        with self.lock:
+            rows = self.db.execute(
+                "SELECT r.episode, r.node, r.fault_class, r.attribution, r.rungs, r.outcome, r.started_at, r.ended_at, "
+                "b.body FROM remediation r LEFT JOIN remediation_body b ON b.episode = r.episode "
+                "WHERE r.ended_at >= ? ORDER BY r.ended_at", ((since or datetime.min.replace(tzinfo=UTC)).isoformat(),)
+            ).fetchall()
+            hw = dict(self.db.execute("SELECT episode, json_group_array(hardware_id) FROM remediation_hw "
+                                      "GROUP BY episode").fetchall())
+        out = []
+        for episode, node, fault, attribution, rungs, outcome, started, ended, body in rows:
+            out.append(c.RemediationRecord.model_validate_json(body) if body else c.RemediationRecord(
+                node=node, episode=episode, hardware_ids=json.loads(hw.get(episode, "[]")), fault_class=fault,
+                attribution=attribution, rungs=json.loads(rungs), outcome=outcome,
+                started_at=datetime.fromisoformat(started), ended_at=datetime.fromisoformat(ended)))
+        return out
+
+    def count_recent(self, hardware_ids: list[str], since: datetime, exclude_episode: str | None,
+                     by_board: bool = False) -> int:
         if not hardware_ids:
             return 0
         marks = ",".join("?" * len(hardware_ids))
+        table = "remediation_board" if by_board else "remediation_hw"
         with self.lock:
             rows = self.db.execute(
-                "SELECT DISTINCT r.episode, r.attribution, r.rungs, r.outcome FROM remediation_hw h "
+                f"SELECT DISTINCT r.episode, r.attribution, r.rungs, r.outcome FROM {table} h "
                 f"JOIN remediation r ON r.episode = h.episode WHERE h.hardware_id IN ({marks}) "
                 "AND h.ended_at >= ? AND h.episode != ?", (*hardware_ids, since.isoformat(), exclude_episode or "")).fetchall()
         return sum(1 for _, attribution, rungs, outcome in rows if counts_as_remediation(attribution, json.loads(rungs), outcome))
@@ -92,6 +128,22 @@ class SqliteLedger:
             rows = self.db.execute(f"SELECT hardware_id, reason FROM denylist WHERE hardware_id IN ({marks})",
                                    hardware_ids).fetchall()
         return dict(rows)
+
+    def admit(self, node: str, hardware_ids: list[str]) -> None:
+        with self.lock:
+            self.db.executemany("INSERT OR IGNORE INTO admitted VALUES (?,?,?)",
+                                [(node, h, datetime.now(UTC).isoformat()) for h in hardware_ids])
+
+    def last_started(self, node: str, exclude_episode: str | None) -> datetime | None:
+        with self.lock:
+            row = self.db.execute("SELECT MAX(started_at) FROM remediation WHERE node = ? AND episode != ?",
+                                  (node, exclude_episode or "")).fetchone()
+        return datetime.fromisoformat(row[0]) if row and row[0] else None
+
+    def admitted(self, node: str) -> list[str]:
+        with self.lock:
+            rows = self.db.execute("SELECT hardware_id FROM admitted WHERE node = ?", (node,)).fetchall()
+        return sorted(r[0] for r in rows)
 
 
 class DynamoLedger:
@@ -120,18 +172,42 @@ class DynamoLedger:
         first = self._put_new({"pk": {"S": f"EP#{rec.episode}"}, "sk": {"S": "record"},
                                "body": {"S": rec.model_dump_json()}})
         counts = counts_as_remediation(rec.attribution, rec.rungs, rec.outcome)
-        for h in rec.hardware_ids:
-            self._put_new({"pk": {"S": f"HW#{h}"}, "sk": {"S": f"{rec.ended_at.isoformat()}#{rec.episode}"},
-                           "episode": {"S": rec.episode}, "counts": {"BOOL": counts}})
+        for prefix, ids in (("HW", rec.hardware_ids), ("BOARD", rec.boards)):
+            for h in ids:
+                self._put_new({"pk": {"S": f"{prefix}#{h}"}, "sk": {"S": f"{rec.ended_at.isoformat()}#{rec.episode}"},
+                               "episode": {"S": rec.episode}, "counts": {"BOOL": counts}})
+        self._put_new({"pk": {"S": f"NODE#{rec.node}"}, "sk": {"S": f"{rec.started_at.isoformat()}#{rec.episode}"},
+                       "episode": {"S": rec.episode}})
         return first
 
-    def count_recent(self, hardware_ids: list[str], since: datetime, exclude_episode: str | None) -> int:
-        episodes = set()
+    def last_started(self, node: str, exclude_episode: str | None) -> datetime | None:
+        pages = self.ddb.get_paginator("query").paginate(
+            TableName=self.table, KeyConditionExpression="pk = :pk", ScanIndexForward=False, ConsistentRead=True,
+            ExpressionAttributeValues={":pk": {"S": f"NODE#{node}"}})
+        for page in pages:
+            for item in page["Items"]:
+                if item["episode"]["S"] != exclude_episode:
+                    return datetime.fromisoformat(item["sk"]["S"].split("#", 1)[0])
+        return None
+
+    def records(self, since: datetime | None = None) -> list[c.RemediationRecord]:
+        """Every record that ended at or after `since`, oldest first: a scan (an operator's report,
+        not a hot path)."""
+        out = []
+        for page in self.ddb.get_paginator("scan").paginate(
+                TableName=self.table, FilterExpression="begins_with(pk, :ep) AND sk = :record",
+                ExpressionAttributeValues={":ep": {"S": "EP#"}, ":record": {"S": "record"}}):
+            out += [c.RemediationRecord.model_validate_json(i["body"]["S"]) for i in page["Items"]]
+        return sorted((r for r in out if since is None or r.ended_at >= since), key=lambda r: r.ended_at)
+
+    def count_recent(self, hardware_ids: list[str], since: datetime, exclude_episode: str | None,
+                     by_board: bool = False) -> int:
+        episodes, prefix = set(), "BOARD" if by_board else "HW"
         for h in hardware_ids:
             pages = self.ddb.get_paginator("query").paginate(
                 TableName=self.table, KeyConditionExpression="pk = :pk AND sk >= :since",
                 FilterExpression="#counts = :yes", ExpressionAttributeNames={"#counts": "counts"},
-                ExpressionAttributeValues={":pk": {"S": f"HW#{h}"}, ":since": {"S": since.isoformat()},
+                ExpressionAttributeValues={":pk": {"S": f"{prefix}#{h}"}, ":since": {"S": since.isoformat()},
                                            ":yes": {"BOOL": True}})
             episodes |= {i["episode"]["S"] for page in pages for i in page["Items"]}
         episodes.discard(exclude_episode)
@@ -151,6 +227,16 @@ class DynamoLedger:
                 out[h] = item["reason"]["S"]
         return out
 
+    def admit(self, node: str, hardware_ids: list[str]) -> None:
+        for h in hardware_ids:
+            self._put_new({"pk": {"S": f"ADMIT#{node}"}, "sk": {"S": h}, "at": {"S": datetime.now(UTC).isoformat()}})
+
+    def admitted(self, node: str) -> list[str]:
+        pages = self.ddb.get_paginator("query").paginate(
+            TableName=self.table, KeyConditionExpression="pk = :pk", ConsistentRead=True,
+            ExpressionAttributeValues={":pk": {"S": f"ADMIT#{node}"}})
+        return sorted(i["sk"]["S"] for page in pages for i in page["Items"])
+
 
 class LedgerActivities:
     def __init__(self, ledger: Ledger):
@@ -158,12 +244,20 @@ class LedgerActivities:
 
     @activity.defn(name=c.LEDGER_RECORD)
     async def record(self, rec: c.RemediationRecord) -> None:
-        await asyncio.to_thread(self.ledger.record, rec)
+        first = await asyncio.to_thread(self.ledger.record, rec)
+        if first:  # a retried or racing write counts once
+            repeats = {}
+            if counts_as_remediation(rec.attribution, rec.rungs, rec.outcome):
+                for days in REPEAT_WINDOWS_D:
+                    repeats[days] = await asyncio.to_thread(
+                        self.ledger.count_recent, rec.hardware_ids, rec.started_at - timedelta(days=days), rec.episode)
+            count_outcome(activity.metric_meter(), rec, repeats)
 
     @activity.defn(name=c.LEDGER_COUNT_RECENT)
     async def count_recent(self, req: c.CountRecentRequest) -> int:
         since = datetime.now(UTC) - timedelta(seconds=req.window_s)
-        return await asyncio.to_thread(self.ledger.count_recent, req.hardware_ids, since, req.exclude_episode)
+        return await asyncio.to_thread(self.ledger.count_recent, req.hardware_ids, since, req.exclude_episode,
+                                       req.by_board)
 
     @activity.defn(name=c.LEDGER_DENYLIST)
     async def denylist(self, req: c.DenylistRequest) -> c.DenylistResult:
@@ -173,3 +267,16 @@ class LedgerActivities:
     @activity.defn(name=c.LEDGER_CHECK_DENIED)
     async def check_denied(self, req: c.CheckDeniedRequest) -> c.CheckDeniedResult:
         return c.CheckDeniedResult(denied=await asyncio.to_thread(self.ledger.denied, req.hardware_ids))
+
+    @activity.defn(name=c.LEDGER_ADMIT)
+    async def admit(self, req: c.AdmitRequest) -> None:
+        await asyncio.to_thread(self.ledger.admit, req.node, req.hardware_ids)
+
+    @activity.defn(name=c.LEDGER_ADMITTED)
+    async def admitted(self, req: c.AdmittedRequest) -> c.AdmittedResult:
+        return c.AdmittedResult(hardware_ids=await asyncio.to_thread(self.ledger.admitted, req.node))
+
+    @activity.defn(name=c.LEDGER_LAST_STARTED)
+    async def last_started(self, req: c.LastStartedRequest) -> c.LastStartedResult:
+        return c.LastStartedResult(started_at=await asyncio.to_thread(self.ledger.last_started, req.node,
+                                                                      req.exclude_episode))

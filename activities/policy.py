@@ -19,8 +19,9 @@ def policy_hash(policy: Policy) -> str:
 
 
 class PolicyActivities:
-    def __init__(self, policy: Policy, source: str = "default"):
-        self.snapshot = c.PolicySnapshot(name=policy.name, sha256=policy_hash(policy), source=source, policy=policy)
+    def __init__(self, policy: Policy, source: str = "default", cluster: str | None = None):
+        self.snapshot = c.PolicySnapshot(name=policy.name, sha256=policy_hash(policy), source=source, policy=policy,
+                                         cluster=cluster)
 
     @activity.defn(name=c.POLICY_CURRENT)
     async def current(self, req: c.PolicyRequest) -> c.PolicySnapshot:

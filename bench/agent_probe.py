@@ -1,7 +1,9 @@
-"""CPU time per probe cycle and peak RSS of the agent's probes on 8 simulated GPUs.
+"""CPU time per probe cycle, how NVML was called, and the agent's memory, on 8 simulated GPUs.
 
-Run: .venv/bin/python bench/agent_probe.py [--cycles N]. Prints figures (goal: <= 5 ms CPU per
-cycle, <= 80 MB peak RSS) and appends them to bench/RESULTS.md. Measured, never asserted.
+Run: .venv/bin/python bench/agent_probe.py [--cycles N]. Prints figures (goals: <= 2 ms CPU per
+cycle for 8 GPUs, <= 80 MB for the agent process) and appends them to bench/RESULTS.md. Measured,
+never asserted. The simulated NVML answers from memory: on a real node each NVML call costs more
+(gpu-load.md measured 1.5 ms per cycle with NVML kept initialised, 14 ms with init + shutdown per cycle).
 """
 
 from __future__ import annotations
@@ -16,34 +18,53 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.results import append_result  # noqa: E402
-from health.nics import NicExpectation  # noqa: E402
-from health.runner import ProbeConfig, run_cycle  # noqa: E402
-from sim.nvml import SimulatedNvml  # noqa: E402
-from sim.sysfs import PORT_UP, write_ib_ports  # noqa: E402
+
+def rss_mb() -> tuple[float, float]:
+    """(current, peak) resident set size in MB."""
+    current = int(Path("/proc/self/statm").read_text().split()[1]) * resource.getpagesize() / 2**20
+    return current, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cycles", type=int, default=2000)
     args = ap.parse_args()
+
+    from health.nvml import nvml_session
+    from health.runner import ProbeConfig, run_cycle
+    from policies.loader import default_policy
+    from sim.nvml import SimulatedNvml
+    from sim.sysfs import PORT_UP, write_ib_ports
+
+    probe_only = rss_mb()[0]
+    import workers.agent  # noqa: F401 - the agent process's imports (temporalio, the activities, the client)
+    from bench.results import append_result
+
     sysfs = write_ib_ports(Path(tempfile.mkdtemp()), [PORT_UP] * 8)
     nv = SimulatedNvml("bench", gpus=8)
     nv.inject("row_remap_pending", gpu=3)  # one finding, so the finding path is exercised too
-    cfg = ProbeConfig(expected_gpus=8, nics=NicExpectation(), require_nvidia_smi=False, sysfs_infiniband=sysfs)
+    cfg = ProbeConfig(require_nvidia_smi=False, sysfs_infiniband=sysfs)
+    cfg.apply_profile("hopper-ib-8x400", default_policy().profiles["hopper-ib-8x400"], None)
     with concurrent.futures.ThreadPoolExecutor(max_workers=3) as pool:
         for _ in range(50):
             run_cycle(cfg, nv, pool)  # warm-up
+        calls0 = nv.calls
         cpu0, wall0 = time.process_time(), time.perf_counter()
         for _ in range(args.cycles):
             snap = run_cycle(cfg, nv, pool)
         cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
-    assert len(snap.findings) == 1
-    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        calls = (nv.calls - calls0) / args.cycles
+    assert len(snap.findings) == 1, snap.findings
+    current, peak = rss_mb()
+    nvml = (f"nvmlInit {nvml_session(nv).inits}x in {args.cycles + 50} cycles (once per process, no nvmlShutdown), "
+            f"{calls:.0f} NVML calls per cycle")
     print(f"command: .venv/bin/python bench/agent_probe.py --cycles {args.cycles}")
-    print(append_result("agent_probe", f"8 simulated GPUs + 8 sysfs IB ports, {args.cycles} cycles",
-                        f"CPU {cpu / args.cycles * 1000:.3f} ms/cycle, wall {wall / args.cycles * 1000:.3f} ms/cycle, "
-                        f"peak RSS {rss_mb:.1f} MB", "goal <= 5 ms, <= 80 MB"))
+    print(f"NVML: {nvml}")
+    print(append_result(
+        "agent_probe", f"8 simulated GPUs + 8 sysfs IB ports (profile hopper-ib-8x400), {args.cycles} cycles",
+        f"CPU {cpu / args.cycles * 1000:.3f} ms/cycle, wall {wall / args.cycles * 1000:.3f} ms/cycle; "
+        f"RSS {current:.1f} MB with the agent's imports (peak {peak:.1f} MB; {probe_only:.1f} MB probes only); {nvml}",
+        "goal <= 2 ms CPU per cycle, <= 80 MB"))
 
 
 if __name__ == "__main__":

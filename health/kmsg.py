@@ -81,9 +81,10 @@ class KmsgParser:
 
 
 class KmsgFollower:
-    """New kernel-log lines since the last poll, never blocking: /dev/kmsg records or a growing file.
+    """New kernel-log lines since the last poll, never blocking: /dev/kmsg records, a pipe, or a growing file.
 
-    /dev/kmsg hands out one record per read and EAGAIN at the end (opened non-blocking); a file
+    /dev/kmsg hands out one record per read and EAGAIN at the end (opened non-blocking); a pipe is
+    read non-blocking too (EAGAIN, or end of file with no writer); a file
     (a journal export, a test log) is followed by offset and re-read from the start if it shrinks.
     With a `state` file (on the host, surviving the agent's container) the last record sequence
     number read in this boot is kept, so a restarted agent (a DaemonSet rollout) reads on from
@@ -101,7 +102,12 @@ class KmsgFollower:
 
     def poll(self) -> list[str]:
         """Raises OSError when the log cannot be read: the caller turns that into probe_broken."""
-        lines = self._poll_kmsg() if self.path.is_char_device() else self._poll_file()
+        if self.path.is_char_device():
+            lines = self._poll_kmsg()
+        elif self.path.is_fifo():
+            lines = self._poll_fifo()
+        else:
+            lines = self._poll_file()
         fresh = [line for line in lines if self._is_new(line)]
         if fresh and self.state is not None:
             self._save_seq()
@@ -151,11 +157,35 @@ class KmsgFollower:
         out = []
         while True:
             try:
-                out.append(os.read(self._fd, 8192).decode(errors="replace"))
+                record = os.read(self._fd, 8192)
             except BlockingIOError:
                 return out
             except BrokenPipeError:
                 continue  # EPIPE: records were overwritten before we read them; carry on from the next
+            if not record:  # end of file: a character device that is not /dev/kmsg (/dev/null)
+                return out
+            out.append(record.decode(errors="replace"))
+
+    def _poll_fifo(self) -> list[str]:
+        """A pipe (a journal piped in, a test): whatever is there now, split into lines, never blocking."""
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
+        data = self._partial
+        while True:
+            try:
+                chunk = os.read(self._fd, 65536)
+            except BlockingIOError:
+                break
+            if not chunk:  # no writer (or it closed): nothing more for now
+                break
+            data += chunk
+        *lines, self._partial = data.split(b"\n")
+        return [line.decode(errors="replace") for line in lines]
+
+    def rest(self) -> list[str]:
+        """A last line with no newline yet (a file read once, not followed)."""
+        rest, self._partial = self._partial, b""
+        return [rest.decode(errors="replace")] if rest.strip() else []
 
     def close(self) -> None:
         if self._fd is not None:

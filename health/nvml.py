@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,9 +14,90 @@ from policies.findings import RECOVERY_ACTION_BY_CODE, Finding, FindingKind, Gpu
 
 # Errors that mean the GPU itself is gone or wedged, not that our check failed.
 GPU_LOST_ERRORS = (pynvml.NVMLError_GpuIsLost, pynvml.NVMLError_ResetRequired)
-# Clock-event reasons that mean the hardware is throttling itself (gpu-faults.md section 3).
-HW_SLOWDOWN_MASK = (pynvml.nvmlClocksEventReasonHwSlowdown | pynvml.nvmlClocksEventReasonHwThermalSlowdown
-                    | pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown)
+# Errors after which NVML is initialised again: it was never (or no longer) initialised, the driver
+# was reloaded under us, or a GPU was lost (its enumeration is stale until NVML is initialised again).
+REINIT_ERRORS = (pynvml.NVMLError_Uninitialized, pynvml.NVMLError_DriverNotLoaded, pynvml.NVMLError_Unknown,
+                 *GPU_LOST_ERRORS)
+# Clock-event reasons that mean the GPU is throttled by hardware or heat (gpu-faults.md section 3,
+# gpu-load.md: SwPowerCap under full load is normal and is not among them).
+THROTTLE_REASONS = {
+    pynvml.nvmlClocksEventReasonHwSlowdown: "hardware slowdown",
+    pynvml.nvmlClocksEventReasonHwThermalSlowdown: "hardware thermal slowdown",
+    pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown: "hardware power brake",
+    pynvml.nvmlClocksEventReasonSwThermalSlowdown: "thermal slowdown",
+}
+HW_SLOWDOWN_MASK = sum(THROTTLE_REASONS)
+
+
+class NvmlSession:
+    """nvmlInit once per process, never per probe cycle (it costs ~10 ms of CPU on a real node), and
+    again after an error that says the library's state is stale. Thread-safe: probes, the Xid
+    watcher and node activities share one."""
+
+    def __init__(self, nv=pynvml):
+        self.nv = nv
+        self.inits = 0  # how often nvmlInit ran (the bench prints it)
+        # Facts that hold until NVML is initialised again: each GPU's ids, the NVLink links it has.
+        self.ids: dict[int, GpuIds] = {}
+        self.links: dict[int, list[int]] = {}
+        self._ready = False
+        self._lock = threading.Lock()
+
+    def ensure(self):
+        """The module, initialised. Raises what nvmlInit raises (NVML missing: the caller fails closed)."""
+        with self._lock:
+            if not self._ready:
+                if self.inits:
+                    try:
+                        self.nv.nvmlShutdown()  # nvmlInit counts references: drop the stale one
+                    except pynvml.NVMLError:
+                        pass
+                self.ids, self.links = {}, {}
+                self.nv.nvmlInit()
+                self.inits += 1
+                self._ready = True
+        return self.nv
+
+    def failed(self, err: BaseException) -> None:
+        """Note an NVML error: one of REINIT_ERRORS makes the next ensure() initialise again."""
+        if isinstance(err, REINIT_ERRORS):
+            self.stale()
+
+    def stale(self) -> None:
+        """The next ensure() initialises again (GPUs are enumerated at init: a missing one may be back)."""
+        with self._lock:
+            self._ready = False
+
+    @contextmanager
+    def use(self):
+        nv = self.ensure()
+        try:
+            yield nv
+        except pynvml.NVMLError as err:
+            self.failed(err)
+            raise
+
+
+_sessions: dict[int, NvmlSession] = {}
+_sessions_lock = threading.Lock()
+
+
+def nvml_session(nv=pynvml) -> NvmlSession:
+    """The process's one session for this NVML module (the real one, or a simulated one per host)."""
+    with _sessions_lock:
+        session = _sessions.get(id(nv))
+        if session is None or session.nv is not nv:
+            session = _sessions[id(nv)] = NvmlSession(nv)
+        return session
+
+
+@dataclass
+class PcieExpectation:
+    """What each GPU's link must reach, and who said so (a profile, a baseline); None: not declared."""
+
+    generation: int | None = None
+    width: int | None = None
+    why: str = ""
 
 
 def _text(value: Any) -> str:
@@ -30,13 +112,17 @@ class ProbeResult:
     gpus: list[GpuIds] = field(default_factory=list)
     mig_enabled: list[int] = field(default_factory=list)
     checks: list[str] = field(default_factory=list)
+    pcie: list[tuple[int, int]] = field(default_factory=list)  # per GPU: (link's max generation, width)
+    inventory: Any = None  # a whole cycle's NodeInventory (policies/baseline.py), when every probe could read
 
 
 class _GpuChecks:
     """The per-GPU checks; each NVML call that fails in an unexpected way becomes a finding."""
 
-    def __init__(self, nv, index: int, result: ProbeResult):
+    def __init__(self, nv, index: int, result: ProbeResult, pcie: PcieExpectation | None = None,
+                 session: NvmlSession | None = None):
         self.nv, self.index, self.result = nv, index, result
+        self.expect, self.session = pcie or PcieExpectation(), session
         self.ids: GpuIds | None = None
 
     def finding(self, kind: FindingKind, message: str, **extra) -> None:
@@ -56,18 +142,28 @@ class _GpuChecks:
         nv = self.nv
         try:
             h = nv.nvmlDeviceGetHandleByIndex(self.index)
-            serial = self.call(nv.nvmlDeviceGetSerial, h)
-            self.ids = GpuIds(index=self.index, uuid=_text(nv.nvmlDeviceGetUUID(h)),
-                              serial=_text(serial) if serial else None,
-                              pci=_text(nv.nvmlDeviceGetPciInfo(h).busId))
+            known = self.session.ids.get(self.index) if self.session else None
+            if known is None:
+                serial = self.call(nv.nvmlDeviceGetSerial, h)
+                known = GpuIds(index=self.index, uuid=_text(nv.nvmlDeviceGetUUID(h)),
+                               serial=_text(serial) if serial else None, pci=_text(nv.nvmlDeviceGetPciInfo(h).busId))
+            self.ids = known
             self.result.gpus.append(self.ids)
             for check in (self.ecc, self.memory_remap, self.recovery_action, self.pcie, self.nvlink, self.thermal,
                           self.mig):
                 check(h)
+            if self.session is not None:
+                self.session.ids[self.index] = self.ids  # a GPU that answered every check: its ids hold
         except GPU_LOST_ERRORS as err:
+            self._failed(err)
             self.finding(FindingKind.GPU_LOST, f"NVML: {err}")
         except pynvml.NVMLError as err:
+            self._failed(err)
             self.finding(FindingKind.PROBE_BROKEN, f"NVML call failed on GPU {self.index}: {err}")
+
+    def _failed(self, err: pynvml.NVMLError) -> None:
+        if self.session is not None:
+            self.session.failed(err)
 
     def ecc(self, h) -> None:
         count = self.call(self.nv.nvmlDeviceGetTotalEccErrors, h, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
@@ -98,21 +194,43 @@ class _GpuChecks:
             self.finding(FindingKind.RECOVERY_ACTION, f"driver recovery action {action.value}", recovery_action=action)
 
     def pcie(self, h) -> None:
-        cur = self.call(self.nv.nvmlDeviceGetCurrPcieLinkWidth, h)
-        top = self.call(self.nv.nvmlDeviceGetMaxPcieLinkWidth, h)
-        # Width, not generation: idle GPUs downtrain the generation on purpose.
+        """Width below the GPU's maximum or the expected one; a link that cannot reach the expected
+        generation; a generation below the link's best while the GPU is busy (idle GPUs downtrain the
+        generation on purpose, so an idle one is not judged on it)."""
+        nv, want = self.nv, self.expect
+        cur = self.call(nv.nvmlDeviceGetCurrPcieLinkWidth, h)
+        top = self.call(nv.nvmlDeviceGetMaxPcieLinkWidth, h)
+        link_gen = self.call(nv.nvmlDeviceGetMaxPcieLinkGeneration, h)
+        if link_gen is not None and cur is not None:
+            self.result.pcie.append((link_gen, cur))
+        why = f" ({want.why})" if want.why else ""
         if cur is not None and top is not None and cur < top:
-            self.finding(FindingKind.PCIE_DEGRADED, f"PCIe link x{cur} of x{top}")
+            return self.finding(FindingKind.PCIE_DEGRADED, f"PCIe link x{cur} of x{top}")
+        if cur is not None and want.width is not None and cur < want.width:
+            return self.finding(FindingKind.PCIE_DEGRADED, f"PCIe link x{cur}, expected x{want.width}{why}")
+        if link_gen is not None and want.generation is not None and link_gen < want.generation:
+            return self.finding(FindingKind.PCIE_DEGRADED,
+                                f"PCIe link reaches Gen{link_gen} at most, expected Gen{want.generation}{why}")
+        gen = self.call(nv.nvmlDeviceGetCurrPcieLinkGeneration, h)
+        if gen is not None and link_gen is not None and gen < link_gen:
+            util = self.call(nv.nvmlDeviceGetUtilizationRates, h)
+            if util is not None and util.gpu > 0:
+                self.finding(FindingKind.PCIE_DEGRADED,
+                             f"PCIe link at Gen{gen} under load ({util.gpu}% busy), the link reaches Gen{link_gen}")
 
     def nvlink(self, h) -> None:
-        down = []
-        for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+        links = self.session.links.get(self.index) if self.session else None
+        present, down = [], []
+        for link in range(pynvml.NVML_NVLINK_MAX_LINKS) if links is None else links:
             try:
                 state = self.nv.nvmlDeviceGetNvLinkState(h, link)
             except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_InvalidArgument):
-                continue  # links the board does not have
+                continue  # links the board does not have (asked once per NVML session)
+            present.append(link)
             if not state:
                 down.append(link)
+        if self.session is not None and links is None:
+            self.session.links[self.index] = present
         if down:
             self.finding(FindingKind.NVLINK_DOWN, f"NVLink links down: {down}")
 
@@ -120,7 +238,8 @@ class _GpuChecks:
         reasons = self.call(self.nv.nvmlDeviceGetCurrentClocksEventReasons, h) or 0
         if reasons & HW_SLOWDOWN_MASK:
             temp = self.call(self.nv.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU)
-            self.finding(FindingKind.THERMAL, f"hardware slowdown (reasons 0x{reasons:x}, {temp} C)")
+            what = ", ".join(name for bit, name in THROTTLE_REASONS.items() if reasons & bit)
+            self.finding(FindingKind.THERMAL, f"throttled: {what} (reasons 0x{reasons:x}, {temp} C)")
 
     def mig(self, h) -> None:
         mode = self.call(self.nv.nvmlDeviceGetMigMode, h)
@@ -128,30 +247,44 @@ class _GpuChecks:
             self.result.mig_enabled.append(self.index)
 
 
-def probe_nvml(nv=pynvml, expected_gpus: int | None = None) -> ProbeResult:
-    """Every NVML check on this host. NVML missing is `probe_broken`, never healthy."""
+def probe_nvml(nv=pynvml, expected_gpus: int | None = None, *, min_gpus: int | None = None,
+               pcie: PcieExpectation | None = None, gpus_why: str = "") -> ProbeResult:
+    """Every NVML check on this host, on the process's NVML session (initialised once). NVML missing
+    is `probe_broken`, never healthy. `expected_gpus`: exactly this many (a profile); `min_gpus`: at
+    least this many (what the node had at admission)."""
     result = ProbeResult(checks=["nvml"])
+    session = nvml_session(nv)
     try:
-        nv.nvmlInit()
+        session.ensure()
     except pynvml.NVMLError as err:
         result.findings.append(Finding(kind=FindingKind.PROBE_BROKEN,
                                        message=f"NVML not loadable ({type(err).__name__}: {err})"))
         return result
+    why = f" ({gpus_why})" if gpus_why else ""
     try:
         count = nv.nvmlDeviceGetCount()
         if expected_gpus is not None and count != expected_gpus:
             result.findings.append(Finding(kind=FindingKind.GPU_COUNT_MISMATCH,
-                                           message=f"NVML sees {count} GPUs, the node should have {expected_gpus}"))
+                                           message=f"NVML sees {count} GPUs, the node should have {expected_gpus}{why}"))
+        elif min_gpus is not None and count < min_gpus:
+            result.findings.append(Finding(kind=FindingKind.GPU_COUNT_MISMATCH,
+                                           message=f"NVML sees {count} GPUs, the node had {min_gpus}{why}"))
+        if result.findings:
+            session.stale()  # a GPU short: enumerate again next cycle, it may be back after a reset
         for index in range(count):
-            _GpuChecks(nv, index, result).run()
+            _GpuChecks(nv, index, result, pcie, session).run()
     except pynvml.NVMLError as err:
+        session.failed(err)
         result.findings.append(Finding(kind=FindingKind.PROBE_BROKEN, message=f"NVML failed: {err}"))
-    finally:
-        try:
-            nv.nvmlShutdown()
-        except pynvml.NVMLError:
-            pass
     return result
+
+
+NVML_NO_INSTANCE = 0xFFFFFFFF  # nvmlEventData_t / nvmlProcessInfo_t: no MIG instance (MIG off, or not attributable)
+
+
+def mig_id(value: int | None) -> int | None:
+    """A MIG instance id as NVML gives it, or None where it names none."""
+    return None if value is None or value == NVML_NO_INSTANCE else int(value)
 
 
 class XidWatcher:
@@ -159,6 +292,7 @@ class XidWatcher:
 
     def __init__(self, nv=pynvml, wait_ms: int = 1000):
         self.nv, self.wait_ms = nv, wait_ms
+        self.session = nvml_session(nv)
         self.events: queue.Queue[Finding] = queue.Queue()
         self.error: str | None = None
         self._stop = threading.Event()
@@ -183,7 +317,7 @@ class XidWatcher:
     def _run(self) -> None:
         nv = self.nv
         try:
-            nv.nvmlInit()
+            self.session.ensure()
             es = nv.nvmlEventSetCreate()
             uuids = {}
             for i in range(nv.nvmlDeviceGetCount()):
@@ -201,7 +335,10 @@ class XidWatcher:
                                             message="NVML double-bit ECC event"))
                 else:
                     self.events.put(Finding(kind=FindingKind.XID, xid=int(data.eventData), gpu_index=index,
-                                            uuid=uuids.get(index), message=f"NVML Xid event {data.eventData}"))
+                                            uuid=uuids.get(index), message=f"NVML Xid event {data.eventData}",
+                                            gpu_instance_id=mig_id(getattr(data, "gpuInstanceId", None)),
+                                            compute_instance_id=mig_id(getattr(data, "computeInstanceId", None))))
         except pynvml.NVMLError as err:
+            self.session.failed(err)
             # The caller reports this as probe_broken: no events must never read as "no faults".
             self.error = f"NVML event watch failed: {err}"

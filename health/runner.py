@@ -11,25 +11,54 @@ from pathlib import Path
 import pynvml
 
 from health.kmsg import KmsgParser
-from health.nics import DEFAULT_EXPECTATIONS, NicExpectation, probe_nics
-from health.nvml import ProbeResult, probe_nvml
+from health.nics import SYSFS_INFINIBAND, check_nics
+from health.nvml import PcieExpectation, ProbeResult, probe_nvml
+from policies.baseline import NodeBaseline, NodeInventory
 from policies.findings import Finding, FindingKind, GpuIds
+from policies.model import NetworkProfile, NodeProfile, PcieProfile
 
 
 @dataclass
 class ProbeConfig:
-    """What a node should look like, and where to look. Defaults suit an 8-GPU Hopper node."""
+    """What this node should have, and where to look. Nothing is guessed: an unset figure is not
+    checked, except against what the node had when admitted (`baseline`). The agent fills it from
+    the profile the controller gives it (or `--profile`); node activities share the same object."""
 
-    expected_gpus: int | None = 8
-    generation: str = "hopper"
-    nics: NicExpectation | None = None  # None: the generation's default (gpu-faults.md section 4)
-    sysfs_infiniband: Path = Path("/sys/class/infiniband")
+    expected_gpus: int | None = None  # exactly this many (the profile's); None: not declared
+    generation: str = "hopper"  # the Xid catalog's column for this node (the profile's, else --generation)
+    nics: NetworkProfile | None = None  # the profile's adapters; None: not declared
+    pcie: PcieProfile | None = None  # the profile's PCIe link; None: not declared
+    baseline: NodeBaseline | None = None  # what the node had at admission (or learned at its first healthy cycle)
+    profile_name: str = ""
+    sysfs_infiniband: Path = SYSFS_INFINIBAND
     kmsg_path: Path | None = None  # read by the agent's follower; here only checked for readability
     require_nvidia_smi: bool = True  # a reset without it would be a silent no-op
     probe_timeout_s: float = 10.0
 
-    def nic_expectation(self) -> NicExpectation:
-        return self.nics if self.nics is not None else DEFAULT_EXPECTATIONS.get(self.generation, NicExpectation())
+    _local: tuple | None = None  # what this config was started with (flags), before any profile
+
+    def apply_profile(self, name: str | None, profile: NodeProfile | None, baseline: NodeBaseline | None) -> None:
+        """Take the node's expectations (from the controller, or --profile outside a cluster): what the
+        profile declares replaces what the agent was started with; what it leaves null does not."""
+        if self._local is None:
+            self._local = (self.expected_gpus, self.nics, self.pcie, self.generation)
+        gpus, nics, pcie, generation = self._local
+        self.profile_name = name or ""
+        self.expected_gpus = profile.gpus if profile and profile.gpus is not None else gpus
+        self.nics = profile.network if profile and profile.network is not None else nics
+        self.pcie = profile.pcie if profile and profile.pcie is not None else pcie
+        self.generation = profile.generation.value if profile and profile.generation else generation
+        self.baseline = baseline
+
+    def pcie_expectation(self) -> PcieExpectation:
+        """The stricter of the profile's link and the one the node had at admission."""
+        gens = [(self.pcie.generation, f"profile {self.profile_name}")] if self.pcie and self.pcie.generation else []
+        widths = [(self.pcie.width, f"profile {self.profile_name}")] if self.pcie and self.pcie.width else []
+        if self.baseline is not None:
+            gens += [(self.baseline.pcie_generation, self.baseline.origin())] if self.baseline.pcie_generation else []
+            widths += [(self.baseline.pcie_width, self.baseline.origin())] if self.baseline.pcie_width else []
+        gen, width = max(gens, default=(None, "")), max(widths, default=(None, ""))
+        return PcieExpectation(generation=gen[0], width=width[0], why="; ".join(sorted({gen[1], width[1]} - {""})))
 
 
 def dependency_findings(config: ProbeConfig) -> list[Finding]:
@@ -46,16 +75,25 @@ def dependency_findings(config: ProbeConfig) -> list[Finding]:
     return out
 
 
+def probe_nvml_for(config: ProbeConfig, nv=pynvml) -> ProbeResult:
+    """The NVML probes against what this node should have (its profile, its baseline)."""
+    b = config.baseline
+    why = f"profile {config.profile_name}" if config.expected_gpus is not None else (b.origin() if b else "")
+    return probe_nvml(nv, config.expected_gpus, min_gpus=b.gpus if b else None, pcie=config.pcie_expectation(),
+                      gpus_why=why)
+
+
 def run_cycle(config: ProbeConfig, nv=pynvml, pool: concurrent.futures.Executor | None = None) -> ProbeResult:
     """All probes; one that raises or hangs past its timeout is a probe_broken finding naming it."""
     own = pool is None
     pool = pool or concurrent.futures.ThreadPoolExecutor(max_workers=3, thread_name_prefix="probe")
     snap = ProbeResult(checks=["nvml", "nics", "dependencies"])
     futures = {
-        "nvml": pool.submit(probe_nvml, nv, config.expected_gpus),
-        "nics": pool.submit(probe_nics, config.nic_expectation(), config.sysfs_infiniband),
+        "nvml": pool.submit(probe_nvml_for, config, nv),
+        "nics": pool.submit(check_nics, config.nics, config.sysfs_infiniband, config.baseline),
         "dependencies": pool.submit(dependency_findings, config),
     }
+    nics = None
     try:
         for name, fut in futures.items():
             try:
@@ -70,12 +108,19 @@ def run_cycle(config: ProbeConfig, nv=pynvml, pool: concurrent.futures.Executor 
                 continue
             if name == "nvml":
                 snap.findings += result.findings
-                snap.gpus, snap.mig_enabled = result.gpus, result.mig_enabled
+                snap.gpus, snap.mig_enabled, snap.pcie = result.gpus, result.mig_enabled, result.pcie
+            elif name == "nics":
+                snap.findings += result[0]
+                nics = result[1]
             else:
                 snap.findings += result
     finally:
         if own:
             pool.shutdown(wait=False, cancel_futures=True)
+    if nics is not None and snap.gpus:
+        snap.inventory = NodeInventory(gpus=len(snap.gpus), nics=nics,
+                                       pcie_generation=min((g for g, _ in snap.pcie), default=None),
+                                       pcie_width=min((w for _, w in snap.pcie), default=None))
     return snap
 
 

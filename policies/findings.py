@@ -23,6 +23,13 @@ class FindingKind(StrEnum):
     PROBE_BROKEN = "probe_broken"
     RECOVERY_ACTION = "recovery_action"
     NODE_CONDITION = "node_condition"
+    # Found only under load (health/load/): a status query never shows them.
+    SILENT_DATA_CORRUPTION = "silent_data_corruption"
+    MEMORY_PATTERN = "memory_pattern"
+    DEGRADED = "degraded"
+    CLOCK_SLOWDOWN = "clock_slowdown"
+    LOAD_TEST_FAILED = "load_test_failed"
+    SUSPECT = "suspect"
 
 
 class RecoveryAction(StrEnum):
@@ -53,6 +60,10 @@ class Finding(BaseModel):
     uuid: str | None = Field(default=None, max_length=128)
     serial: str | None = Field(default=None, max_length=128)
     pci: str | None = Field(default=None, max_length=64)
+    gpu_instance_id: int | None = Field(default=None, ge=0, le=0xFFFFFFFE,
+                                        description="MIG GPU instance the event names (NVML event data); None: no MIG instance.")
+    compute_instance_id: int | None = Field(default=None, ge=0, le=0xFFFFFFFE,
+                                            description="MIG compute instance the event names; None: every one of the GPU instance.")
     recovery_action: RecoveryAction | None = None
     fatal: bool | None = Field(default=None, description="From NVLink5 subcodes (Fatal/Nonfatal) or the probe.")
     message: str = Field(default="", max_length=2000)
@@ -132,3 +143,24 @@ class HealthReport(BaseModel):
     def fingerprint(self) -> tuple:
         """What a duplicate shares: same findings regardless of order."""
         return tuple(sorted(f.model_dump_json() for f in self.findings))
+
+
+CONDITION_EVENT = "condition/"
+
+
+def condition_event_id(condition_type: str, since: datetime | None) -> str | None:
+    """A node condition's event id: its type and lastTransitionTime, the same from every watcher
+    replica and every re-send, so the episode counts it once. None: no transition time to name it by."""
+    if since is None:
+        return None
+    return f"{CONDITION_EVENT}{condition_type[:60]}/{since.isoformat()}"
+
+
+def condition_since(event_id: str | None) -> datetime | None:
+    """When the condition behind a condition event id was set; None for any other finding."""
+    if not event_id or not event_id.startswith(CONDITION_EVENT):
+        return None
+    try:
+        return datetime.fromisoformat(event_id.rsplit("/", 1)[1])
+    except ValueError:
+        return None

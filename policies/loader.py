@@ -51,8 +51,11 @@ def policy_from_mapping(data: Any, source: str = "policy") -> Policy:
     for key in ("xids", "xid_catalog_version"):
         if key in data:
             raise PolicyError(source, [f"{key}: the catalog is pinned; change entries with xid_overrides"])
+    from policies.profiles import merge_profiles, shipped_profiles
+
+    data = {**data, "profiles": merge_profiles(shipped_profiles(), data.get("profiles", {}))}
     try:
-        policy = Policy.model_validate(_merge(Policy().model_dump(mode="json", exclude={"xids"}), data))
+        policy = Policy.model_validate(_merge(Policy().model_dump(mode="json", exclude={"xids", "profiles"}), data))
     except ValidationError as err:
         raise PolicyError(source, describe_validation_error(err)) from None
     version, xids = load_catalog()
@@ -75,7 +78,11 @@ def _merge(base: dict, override: dict) -> dict:
 def policy_yaml(policy: Policy) -> str:
     """A policy as a file `load_policy` gives back equal (the pinned catalog left out): how a
     resolved policy, e.g. a scenario's scaled one, becomes a controller's --policy."""
-    return yaml.safe_dump(policy.model_dump(mode="json", exclude={"xids", "xid_catalog_version"}), sort_keys=False)
+    from policies.profiles import shipped_profiles
+
+    data = policy.model_dump(mode="json", exclude={"xids", "xid_catalog_version"})
+    data["profiles"] |= {name: None for name in shipped_profiles() if name not in policy.profiles}  # removed stays removed
+    return yaml.safe_dump(data, sort_keys=False)
 
 
 def default_policy() -> Policy:

@@ -6,10 +6,11 @@ from datetime import timedelta
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from policies.durations import Duration
 from policies.findings import FindingKind, RecoveryAction
+from policies.load import LoadTestPolicy, SkuFloors
 
 
 class Rung(StrEnum):
@@ -127,6 +128,10 @@ class ValidationPolicy(_Strict):
     agent_timeout: Duration = Field(
         default=timedelta(minutes=2),
         description="Schedule-to-start timeout of node-local activities: longer means the agent is gone.",
+    )
+    load: LoadTestPolicy = Field(
+        default_factory=LoadTestPolicy,
+        description="The load-test battery validations run on a drained node: tiers, tolerances, per-SKU floors.",
     )
 
 
@@ -292,6 +297,19 @@ class Policy(_Strict):
         default="auto", description="auto: the Auto Scaling group when the instance has one, else EC2 terminate; karpenter: delete the NodeClaim."
     )
     ownership_tag: str = Field(default="gpuheal.io/managed=true", description="Tag an instance must carry before gpuheal touches it.")
+    history_limit: int | None = Field(
+        default=None, ge=20, description="An episode continues as new past this many history events (besides the "
+        "server's suggestion); None: only when the server suggests it. A sender cannot set it.")
+    profiles: dict[str, NodeProfile] = Field(
+        default_factory=dict,
+        description="What a healthy node of each kind has, by profile name (shipped ones in policies/profiles.yaml): a "
+                    "file adds profiles, changes a shipped one naming only what it changes, or removes one with null.")
+    node_group_labels: list[str] = Field(
+        default_factory=lambda: ["eks.amazonaws.com/nodegroup", "karpenter.sh/nodepool", "cloud.google.com/gke-nodepool"],
+        description="Node labels whose value is the node's group, for a profile's `match.node_groups`.")
+    observe: bool = Field(
+        default=False, description="Detect and record only: an episode records its triage and ends, never cordons "
+                                   "(set per node by a profile's `mode: observe`).")
 
     def xid_rule(self, code: int, generation: Generation) -> XidRule | None:
         """The catalog entry for a code on a generation, with overrides; None when unknown there."""
@@ -313,7 +331,8 @@ class Policy(_Strict):
 
 
 ACTIVITY_TIMEOUT_FLOOR = timedelta(seconds=10)
-_ACTIVITY_TIMEOUTS = {"action_timeout", "agent_timeout", "timeout", "heartbeat_timeout", "admission_timeout"}
+_ACTIVITY_TIMEOUTS = {"action_timeout", "agent_timeout", "timeout", "heartbeat_timeout", "admission_timeout",
+                      "time_limit"}
 _SECONDS = {"pod_grace_seconds"}  # durations kept as whole seconds (the Kubernetes API's unit)
 
 
@@ -330,3 +349,87 @@ def _scale(model: BaseModel, factor: float) -> BaseModel:
         elif isinstance(value, BaseModel):
             update[name] = _scale(value, factor)
     return model.model_copy(update=update)
+
+
+# --- node profiles (policies/profiles.py selects them and applies their overrides) ----------------
+
+
+class NicKind(StrEnum):
+    INFINIBAND = "infiniband"
+    EFA = "efa"
+    ROCE = "roce"
+    NONE = "none"
+
+
+class NetworkProfile(_Strict):
+    kind: NicKind = Field(description="The RDMA adapters a healthy node has: infiniband, efa, roce, or none.")
+    ports: int = Field(default=0, ge=0, le=256, description="Ports of that kind that must be up (ACTIVE, LinkUp).")
+    rate_gbps: float = Field(default=0, ge=0, le=10000, description="Rate each counted port has at least (Gb/s, sysfs `rate`).")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> NetworkProfile:
+        if self.kind is NicKind.NONE and self.ports:
+            raise ValueError("kind none expects no ports: set ports to 0 or name the adapters' kind")
+        if self.kind is not NicKind.NONE and (self.ports == 0 or self.rate_gbps <= 0):
+            raise ValueError(f"kind {self.kind.value} needs ports and rate_gbps above 0 (kind none: no adapters)")
+        return self
+
+
+class PcieProfile(_Strict):
+    generation: int | None = Field(default=None, ge=1, le=7, description="PCIe generation each GPU's link reaches.")
+    width: int | None = Field(default=None, description="PCIe lanes each GPU's link has (x16: 16).")
+
+    @field_validator("width")
+    @classmethod
+    def _lanes(cls, v: int | None) -> int | None:
+        if v is not None and v not in (1, 2, 4, 8, 16, 32):
+            raise ValueError("must be one of 1, 2, 4, 8, 16, 32")
+        return v
+
+
+class ProfileMatch(_Strict):
+    node_groups: list[str] = Field(default_factory=list, description="Values of a node-group label (`node_group_labels`).")
+    instance_types: list[str] = Field(default_factory=list, description="Values of `node.kubernetes.io/instance-type`.")
+    gpu_products: list[str] = Field(default_factory=list,
+                                    description="Values of `nvidia.com/gpu.product` (set by GPU feature discovery).")
+    labels: dict[str, str] = Field(default_factory=dict, description="Other labels that must all be equal, e.g. "
+                                                                       "`nvidia.com/gpu.count: \"1\"`.")
+
+
+class RungOverride(_Strict):
+    """Partial RungPolicy: only the fields given replace the policy's."""
+
+    action_timeout: Duration | None = None
+    retries: int | None = Field(default=None, ge=1, le=20)
+    return_timeout: Duration | None = None
+    requires_approval: bool | None = None
+    approval_timeout: Duration | None = None
+
+
+class LadderOverride(_Strict):
+    kill: RungOverride | None = None
+    reset: RungOverride | None = None
+    reboot: RungOverride | None = None
+    replace: RungOverride | None = None
+
+
+class NodeProfile(_Strict):
+    """What a healthy node of one kind has. Unset figures are not guessed: what the node had when
+    it was admitted (its learned baseline) is held against it instead."""
+
+    description: str = Field(default="", description="What kind of node this is.")
+    sources: list[str] = Field(default_factory=list, description="Where each figure comes from.")
+    match: ProfileMatch = Field(default_factory=ProfileMatch, description="Which nodes get it: a node group, instance "
+                                 "type or GPU product listed (the most specific wins), every `labels` entry holding.")
+    gpus: int | None = Field(default=None, ge=0, le=64, description="GPUs NVML must see; null: not declared.")
+    generation: Generation | None = Field(default=None, description="GPU generation (the Xid catalog's column).")
+    network: NetworkProfile | None = Field(default=None, description="RDMA adapters; null: not declared.")
+    pcie: PcieProfile | None = Field(default=None, description="Each GPU's PCIe link; null: not declared.")
+    ladder: LadderOverride = Field(default_factory=LadderOverride, description="Per-rung changes on these nodes.")
+    finding_rungs: dict[FindingKind, Rung] = Field(default_factory=dict,
+                                                   description="Starting rung per finding kind on these nodes.")
+    load_floors: dict[str, SkuFloors] = Field(
+        default_factory=dict, description="Load-test floors per GPU product on these nodes (over `validation.load.floors`), "
+                                          "judged in every validation tier.")
+    mode: Literal["act", "dry_run", "observe"] = Field(
+        default="act", description="act; dry_run: record what would be done; observe: detect and record only, never cordon.")

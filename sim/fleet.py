@@ -13,6 +13,7 @@ import contextlib
 import logging
 import tempfile
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 
 import boto3
@@ -22,7 +23,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.worker import Worker
 
 from activities import contracts as c
-from activities.cloud import REBOOT_KEY_TAG, REBOOT_STATE_TAG, CloudActivities
+from activities.cloud import AWS_CLIENT_CONFIG, REBOOT_KEY_TAG, REBOOT_STATE_TAG, CloudActivities
 from activities.contracts import node_task_queue, remediation_workflow_id
 from activities.guard import GuardActivities
 from activities.kube import KubeActivities
@@ -34,11 +35,13 @@ from health.runner import ProbeConfig
 from policies.findings import Finding
 from policies.model import Policy, Rung
 from sim.fake_kube import FakeKubeServer
+from sim.load_device import sim_opener
 from sim.nvml import SimulatedNvml
 from sim.scenario import Fault, Scenario
 from sim.sysfs import PORT_UP, write_ib_ports
 from workers.agent import Agent, AgentConfig
 from workers.controller import controller_activities, controller_worker
+from workers.operator import suspect_report
 
 log = logging.getLogger("gpuheal.sim")
 PORT_DOWN = ("1: DOWN", "2: Polling", "400 Gb/sec (4X NDR)")
@@ -109,6 +112,8 @@ class SimHost:
                                            pci=self.nv.gpus[f.gpu].pci, message=f"simulated Xid {f.xid}")])
         elif f.kind == "nic_ports_down":
             write_ib_ports(self.sysfs, [PORT_UP] * 7 + [PORT_DOWN])
+        elif f.kind == "none":
+            pass
         else:
             self.nv.inject(f.kind, gpu=f.gpu)
         self.injected = True
@@ -121,6 +126,12 @@ class SimHost:
         if self.recurs_left > 0:
             self.recurs_left -= 1
             self.await_uncordon = True
+
+    async def notice(self) -> None:
+        """Someone suspects the node (the fault's `suspect`): the report `gpuheal report --suspect` sends."""
+        if self.fault is not None and self.fault.suspect:
+            await suspect_report(self.fleet.temporal, self.name, self.fault.suspect, timedelta(0), self.fleet.cluster,
+                                 self.fleet.task_queue)
 
     async def stop_agent(self) -> None:
         """The agent dies (OOM-killed, evicted, crash-looping): its probe loop and its worker stop,
@@ -141,6 +152,7 @@ class SimHost:
         if self.await_uncordon and not self.fleet.kube.get("Node", "", self.name)["spec"].get("unschedulable"):
             self.await_uncordon = False
             self.inject()  # the fault comes back once the node is in service again
+            await self.notice()
         if self.agent_down:
             return
         try:
@@ -177,6 +189,7 @@ class SimulatedFleet:
     hosts: dict[str, SimHost] = field(default_factory=dict)
     _starting: dict[str, float] = field(default_factory=dict)  # job pod -> when it turns Ready
     _pods_made: int = 0
+    ledger_path: Path | None = None  # the controller's ledger (the demo's is .gpuheal/ledger.db); default: a temp one
 
     def agent_config(self, host: SimHost) -> AgentConfig:
         """The agent's production timings on the scenario's clock, so scenarios see its re-sends and
@@ -197,7 +210,7 @@ class SimulatedFleet:
         elsewhere (a fault-injecting proxy in front of moto). The hosts always see moto itself."""
         self.tmp = Path(tempfile.mkdtemp(prefix="gpuheal-sim-"))
         session = boto3.Session(aws_access_key_id="sim", aws_secret_access_key="sim", region_name="us-east-1")
-        self.ec2 = session.client("ec2", endpoint_url=moto_url)
+        self.ec2 = session.client("ec2", endpoint_url=moto_url, config=AWS_CLIENT_CONFIG)
         server = FakeKubeServer().start()
         self.kube = server.kube
         self.kubeconfig = server.write_kubeconfig(self.tmp / "kubeconfig")
@@ -210,15 +223,15 @@ class SimulatedFleet:
         self._build(core)
         workers = []
         if controller:
-            cloud = CloudActivities(*(session.client(s, endpoint_url=aws) for s in ("ec2", "autoscaling", "ssm")), core)
-            self.ledger = SqliteLedger(self.tmp / "ledger.db")
+            cloud = CloudActivities(*(session.client(s, endpoint_url=aws, config=AWS_CLIENT_CONFIG) for s in ("ec2", "autoscaling", "ssm")), core)
+            self.ledger = SqliteLedger(self.ledger_path or self.tmp / "ledger.db")
             ledger, guard = LedgerActivities(self.ledger), GuardActivities(self.temporal)
             workers.append(controller_worker(self.temporal, self.task_queue,
                                              controller_activities(KubeActivities(core), cloud, ledger, guard,
                                                                    PolicyActivities(self.policy, "scenario"))))
         for host in self.hosts.values():
             acts = SimNodeActivities(host, self.agent_config(host).probe, host.nv, proc=host.proc, nvidia_smi=str(smi),
-                                     dcgmi=str(self.tmp / "no-dcgmi"))
+                                     dcgmi=str(self.tmp / "no-dcgmi"), open_devices=sim_opener(host.nv))
             host.worker = Worker(self.temporal, task_queue=node_task_queue(host.name), activities=acts.activities())
             workers.append(host.worker)
         try:
@@ -265,6 +278,7 @@ class SimulatedFleet:
                 host = self.hosts[f.node]
                 host.fault, host.recurs_left = f, f.recurs
                 host.inject()
+                await host.notice()
             await self._beat()
             if on_tick is not None:
                 await on_tick(self)

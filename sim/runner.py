@@ -20,6 +20,7 @@ from sim.fleet import SimulatedFleet
 from sim.scenario import Scenario
 from workers import telemetry
 from workers.embedded_temporal import binary, search_attribute_flags
+from workers.render import table
 from workers.temporal_client import TemporalOptions, connect
 from workflows.fleet_guard import FleetGuard
 from workflows.node_remediation import NodeRemediation
@@ -120,19 +121,19 @@ async def wait_visible(client: Client, nodes: list[str], timeout_s: float = 10.0
 
 
 async def run_scenario(scenario: Scenario, policy: Policy, opts: TemporalOptions | str | None = None,
-                       on_tick=None, client: Client | None = None, after=None) -> dict:
+                       on_tick=None, client: Client | None = None, after=None, ledger_path=None) -> dict:
     """Play a scenario on `client`, or on the server `opts` names (the embedded one if none).
     `after(doc, fleet)` runs with the fleet still up (the demo's --keep)."""
     async with contextlib.AsyncExitStack() as stack:
         if client is None:
             client = await stack.enter_async_context(temporal(opts))
-        return await _play(scenario, policy, client, on_tick, after)
+        return await _play(scenario, policy, client, on_tick, after, ledger_path)
 
 
-async def _play(scenario: Scenario, policy: Policy, client: Client, on_tick, after=None) -> dict:
+async def _play(scenario: Scenario, policy: Policy, client: Client, on_tick, after=None, ledger_path=None) -> dict:
     with moto_server() as moto_url:
         fleet = SimulatedFleet(scenario, policy, client, task_queue=f"gpuheal-sim-{uuid.uuid4().hex[:6]}",
-                               cluster=f"sim-{uuid.uuid4().hex[:6]}")
+                               cluster=f"sim-{uuid.uuid4().hex[:6]}", ledger_path=ledger_path)
         since = datetime.now(UTC) - timedelta(seconds=1)
         deadline_s = scenario.deadline_s()
         async with fleet.running(moto_url):
@@ -141,6 +142,9 @@ async def _play(scenario: Scenario, policy: Policy, client: Client, on_tick, aft
                 late = False
             except TimeoutError:
                 late = True
+            finally:
+                if hasattr(on_tick, "stop"):
+                    on_tick.stop()  # the live table ends before the results print
             faulty = sorted({f.node for f in scenario.faults})
             if not late:
                 await wait_visible(client, faulty)
@@ -171,12 +175,10 @@ async def _play(scenario: Scenario, policy: Policy, client: Client, on_tick, aft
 
 
 def outcome_table(doc: dict) -> str:
-    lines = [f"scenario {doc['scenario']}", f"{'node':<14} {'outcome':<18} {'fault':<16} {'attribution':<12} "
-             f"{'rungs':<24} {'valid.':>6} {'cordon ms':>9} {'secs':>6}"]
-    for r in doc["nodes"]:
-        lines.append(f"{r['node']:<14} {r['outcome']:<18} {r['fault_class'] or '-':<16} {r['attribution'] or '-':<12} "
-                     f"{','.join(r['rungs']) or '-':<24} {r['validations']:>6} {r['detect_to_cordon_ms'] or '-':>9} "
-                     f"{r['duration_s']:>6}")
+    rows = [[r["node"], r["outcome"], r["fault_class"] or "-", r["attribution"] or "-", ",".join(r["rungs"]) or "-",
+             r["validations"], r["detect_to_cordon_ms"] or "-", r["duration_s"]] for r in doc["nodes"]]
+    lines = [f"scenario {doc['scenario']}",
+             table(["node", "outcome", "fault", "attribution", "rungs", "valid.", "cordon ms", "secs"], rows)]
     f = doc["fleet"]
     lines.append(f"fleet: at most {f['max_disruptive_at_once']} nodes in disruptive remediation at once; storm "
                  f"breaker {'tripped' if f['storm_paused'] else 'never tripped'}; {f['evictions']} evictions, "
@@ -191,14 +193,15 @@ def outcome_table(doc: dict) -> str:
 
 
 class Progress:
-    """Each faulty node's stage. On a terminal the table redraws in place; piped, one line per change."""
+    """Each faulty node's stage. On a terminal a live table (rich) redraws in place; piped, one line
+    per change."""
 
     def __init__(self, out=None):
         self.out = out or sys.stdout
         self.tty = self.out.isatty()
-        self.rows: dict[str, str] = {}
-        self.drawn = 0
+        self.rows: dict[str, list[str]] = {}
         self.shown = 0.0
+        self.live = None
 
     async def __call__(self, fleet: SimulatedFleet) -> None:
         now = asyncio.get_running_loop().time()
@@ -212,23 +215,32 @@ class Progress:
             try:
                 st = await fleet.temporal.get_workflow_handle(remediation_workflow_id(host.name)).query(
                     NodeRemediation.status)
-                rung = st.next_rung.value if st.next_rung else "-"
-                last = st.actions[-1].summary[:60] if st.actions else ""
-                rows[host.name] = (f"{st.stage.value:<18} rung {rung:<8} {(st.outcome.value if st.outcome else ''):<12} "
-                                   f"{last}")
+                rows[host.name] = [st.stage.value, st.next_rung.value if st.next_rung else "-",
+                                   st.outcome.value if st.outcome else "", st.actions[-1].summary[:60] if st.actions else ""]
             except Exception:  # noqa: BLE001 - the episode has not started yet
-                rows[host.name] = "fault injected, report on its way"
+                rows[host.name] = ["fault injected", "-", "", "report on its way"]
         if self.tty:
             self._redraw(rows)
         else:
             for node, row in rows.items():
                 if self.rows.get(node) != row:
-                    print(f"  {node:<12} {row}", file=self.out, flush=True)
+                    print(f"  {node:<12} {row[0]:<18} rung {row[1]:<8} {row[2]:<12} {row[3]}", file=self.out, flush=True)
         self.rows = rows
 
-    def _redraw(self, rows: dict[str, str]) -> None:
-        lines = ["-- live --", *(f"  {n:<12} {r}" for n, r in rows.items())]
-        up = f"\x1b[{self.drawn}F" if self.drawn else ""
-        self.out.write(up + "".join(f"\x1b[2K{line}\n" for line in lines))
-        self.out.flush()
-        self.drawn = len(lines)
+    def _redraw(self, rows: dict[str, list[str]]) -> None:
+        from rich.console import Console
+        from rich.live import Live
+        from rich.table import Table
+
+        t = Table("node", "stage", "next rung", "outcome", "last step", box=None, title="live", title_justify="left")
+        for node, row in rows.items():
+            t.add_row(node, *row)
+        if self.live is None:
+            self.live = Live(t, console=Console(file=self.out), auto_refresh=False, transient=False)
+            self.live.start()
+        self.live.update(t, refresh=True)
+
+    def stop(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+            self.live = None

@@ -14,7 +14,10 @@ from policies.loader import PolicyError, describe_validation_error, load_policy
 from policies.model import Generation, Policy
 
 FaultKind = Literal["xid", "ecc_dbe", "row_remap_failure", "gpu_lost", "pcie_degraded", "nvlink_down",
-                    "nic_ports_down", "thermal", "nvml_missing"]
+                    "nic_ports_down", "thermal", "nvml_missing",
+                    # seen only under load (sim/load_device.py); `suspect` on the fault says who notices
+                    "corrupt_under_load", "hbm_cells", "slow_gpu", "hw_slowdown_under_load", "xid_under_load",
+                    "none"]  # none: no fault at all (a healthy node someone suspects)
 Cure = Literal["kill", "reset", "reboot", "replace", "none"]
 
 
@@ -48,11 +51,16 @@ class Fault(_Strict):
     gpu: int = Field(default=0, ge=0)
     cured_by: Cure = "reboot"
     recurs: int = Field(default=0, ge=0, le=10)
+    suspect: str | None = Field(default=None, max_length=500, description=(
+        "Who noticed and why (a job's slow rank, loss spikes): a suspect report sent with the fault, as "
+        "`gpuheal report NODE --suspect WHY` does. Faults seen only under load need one to be found."))
 
     @model_validator(mode="after")
     def _xid_given(self) -> Fault:
         if self.kind == "xid" and self.xid is None:
             raise ValueError("kind xid needs an xid")
+        if self.kind == "none" and self.suspect is None:
+            raise ValueError("kind none needs a suspect report (nothing else would happen)")
         return self
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 
 import pytest
@@ -9,6 +10,9 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from workers.embedded_temporal import binary, register_search_attributes
+
+# The CLI's named contexts: tests (and the CLI processes they start) never read a developer's own file.
+os.environ["GPUHEAL_CONFIG"] = os.path.join(os.path.dirname(__file__), "no-such-gpuheal-config.yaml")
 
 
 @pytest.fixture

@@ -27,6 +27,7 @@ from health.nics import NicExpectation
 from health.runner import ProbeConfig
 from policies.loader import default_policy
 from sim.fake_kube import FakeKubeServer
+from sim.load_device import sim_opener
 from sim.nvml import SimulatedNvml
 from workers.agent import Agent, AgentConfig
 from workers.controller import CONTROLLER_WORKFLOWS, controller_activities
@@ -102,7 +103,7 @@ async def gpu_cluster(dev_env, aws, tmp_path, uniq, policy):
     config = AgentConfig(node=node, policy=policy, cluster=cluster, task_queue=tq, probe=probe, kmsg=None, admit_on_start=False)
     host = SimHost(node, ec2, iid, kube, nv, tmp_path / "proc",
                    lambda boot: Agent(dev_env.client, config, nv, boot_id=boot))
-    node_acts = NodeActivities(probe, nv, proc=tmp_path / "proc")
+    node_acts = NodeActivities(probe, nv, proc=tmp_path / "proc", open_devices=sim_opener(nv))  # no CuPy here
     kube_acts = KubeActivities(core)
     cloud_acts = CloudActivities(ec2, aws("autoscaling"), aws("ssm"), core)
     ledger = LedgerActivities(SqliteLedger(tmp_path / "ledger.db"))

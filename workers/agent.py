@@ -7,7 +7,7 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pynvml
@@ -21,8 +21,9 @@ from activities.node import NodeActivities
 from health.kmsg import KmsgFollower
 from health.nvml import XidWatcher
 from health.runner import ProbeConfig, kmsg_findings, run_cycle
+from policies.baseline import NodeExpectations
 from policies.classify import judge
-from policies.findings import Finding, HealthReport
+from policies.findings import Finding, FindingKind, HealthReport
 from policies.model import Generation, Policy
 from workers import telemetry
 from workers.reporting import fit_to_bounds, send_report, start_admission
@@ -46,6 +47,15 @@ class AgentConfig:
     kmsg: Path | None = Path("/dev/kmsg")  # the fallback when NVML events are missing; None: off
     kmsg_state: Path | None = None  # where the kernel-log position is kept (on the host: survives restarts)
     admit_on_start: bool = True  # a node's first agent report starts its admission (admit/<node>)
+    # Ask the controller for the node's profile and baseline (`gpuheal agent` in a cluster); off when a
+    # profile was given by name or file (--profile), and in tests that drive the agent alone.
+    lookup_expectations: bool = False
+    expectations_refresh_s: float = 600.0
+
+
+# Slow signals: a degraded link or throttling must persist `persist_polls` polls before it is
+# reported, however the catalogue rates it: one sample of a link retraining is not a fault.
+SLOW_SIGNALS = {FindingKind.PCIE_DEGRADED, FindingKind.NVLINK_DOWN, FindingKind.THERMAL}
 
 
 def _key(f: Finding) -> tuple:
@@ -68,6 +78,9 @@ class Agent:
         self.announce = True  # first cycle after (re)start: an open episode must hear of this boot
         # Event ids: seeded from the wall clock so a restarted agent never reuses one.
         self._event_ids = itertools.count(time.time_ns() // 1000)
+        self.expectations: NodeExpectations | None = None
+        self._lookup: asyncio.Task | None = None
+        self._looked_at: float | None = None
 
     def add_events(self, findings: list[Finding]) -> None:
         """One-shot events (an Xid, a DBE) count as current findings for `event_hold_s`; each gets an
@@ -86,14 +99,17 @@ class Agent:
         self.streak = {k: self.streak.get(k, 0) + 1 for k in current}
         out = []
         for k, f in sorted(current.items(), key=lambda kv: str(kv[0])):
-            fatal = judge(f, cfg.generation, cfg.policy).severity == "fatal"
+            fatal = f.kind not in SLOW_SIGNALS and judge(f, cfg.generation, cfg.policy).severity == "fatal"
             if fatal or self.streak[k] >= cfg.persist_polls:
                 out.append(f)
         return out
 
     async def step(self) -> HealthReport | None:
         """One poll; returns the report it sent, if any."""
+        self._look_up_expectations()
         snap = await asyncio.to_thread(run_cycle, self.config.probe, self.nv)
+        if not snap.findings and snap.inventory is not None:
+            self._look_up_expectations(learn=snap.inventory)
         if self.kmsg is not None:
             try:
                 self.add_events(kmsg_findings(self.kmsg.poll(), snap.gpus))
@@ -112,7 +128,9 @@ class Agent:
             self.announce = False
             return None
         self.announce = False
-        self.seq += 1
+        # On the wall clock (never backwards): past a spoofed sequence, clamped by the workflow to its
+        # clock, within the clocks' skew.
+        self.seq = max(self.seq + 1, time.time_ns() // 1000)
         report = HealthReport(node=self.config.node, boot_id=self.boot_id, seq=self.seq, source="agent",
                               agent_version=AGENT_VERSION, detected_at=datetime.now(UTC), gpus=snap.gpus,
                               findings=findings)
@@ -122,6 +140,45 @@ class Agent:
         self.sent, self.sent_at, self.signals = fingerprint, now, self.signals + 1
         log.info("node %s: sent report seq %d with %d findings", self.config.node, self.seq, len(findings))
         return report
+
+    def _look_up_expectations(self, learn=None) -> None:
+        """In the background, ask the controller for this node's profile and baseline (NodeProfile
+        workflow): at start, every `expectations_refresh_s`, and with what a healthy cycle saw when
+        the node has no baseline yet (it is recorded, learned, not validated)."""
+        cfg = self.config
+        if not cfg.lookup_expectations or (self._lookup is not None and not self._lookup.done()):
+            return
+        now = self.clock()
+        if learn is not None:
+            if self.expectations is None or self.expectations.baseline is not None:
+                return
+        elif self._looked_at is not None and now - self._looked_at < cfg.expectations_refresh_s:
+            return
+        self._looked_at = now
+        self._lookup = asyncio.create_task(self._expectations_from_controller(learn))
+
+    async def _expectations_from_controller(self, learn) -> None:
+        from temporalio.common import WorkflowIDConflictPolicy
+
+        from activities.contracts import ExpectationsRequest, profile_workflow_id
+        from workflows.node_profile import NodeProfileLookup
+
+        cfg = self.config
+        try:
+            exp = await self.client.execute_workflow(
+                NodeProfileLookup.run, ExpectationsRequest(node=cfg.node, observed=learn, boot_id=self.boot_id),
+                id=profile_workflow_id(cfg.node), task_queue=cfg.task_queue, execution_timeout=timedelta(minutes=2),
+                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING, result_type=NodeExpectations)
+        except Exception as err:  # noqa: BLE001 - no answer: probe on with what we have, ask again later
+            log.warning("node %s: no expectations from the controller yet: %s", cfg.node, err)
+            self._looked_at = self.clock() - cfg.expectations_refresh_s + 30
+            return
+        self.expectations = exp
+        cfg.probe.apply_profile(exp.profile_name, exp.profile, exp.baseline)
+        if exp.profile is not None and exp.profile.generation is not None:
+            cfg.generation = exp.profile.generation
+        log.info("node %s: profile %s (%s); baseline %s%s", cfg.node, exp.profile_name, exp.reason,
+                 exp.baseline.summary() if exp.baseline else "none", f"; {exp.recorded}" if exp.recorded else "")
 
     async def _episode_open(self) -> bool:
         """After a reboot the episode waits for a report from the new boot, healthy or not."""
@@ -140,6 +197,8 @@ class Agent:
             while not stop.is_set():
                 if watcher.error:
                     self.add_events([Finding(kind="probe_broken", message=watcher.error)])
+                    watcher.stop()
+                    watcher = XidWatcher(self.nv).start()  # NVML initialised again (a driver reload)
                 self.add_events(watcher.drain())
                 try:
                     await self.step()
@@ -150,6 +209,8 @@ class Agent:
                     await asyncio.sleep(0.1)
         finally:
             watcher.stop()
+            if self._lookup is not None:
+                self._lookup.cancel()
 
 
 async def run_agent(client: Client, config: AgentConfig, stop: asyncio.Event, nv=pynvml) -> None:

@@ -15,7 +15,7 @@ from kubernetes.client.rest import ApiException
 from temporalio.client import Client
 
 from activities import contracts as c
-from policies.findings import Finding, FindingKind, HealthReport
+from policies.findings import Finding, FindingKind, HealthReport, condition_event_id
 from policies.model import Generation
 from workers.reporting import send_report
 
@@ -65,7 +65,8 @@ class ConditionWatcher:
             start = st.since.setdefault(rule.type, now)
             if now - start >= rule.for_s:
                 out.append(Finding(kind=rule.kind, message=f"node condition {rule.type}={rule.status}: "
-                                                           f"{cond.reason or ''} {cond.message or ''}".strip()[:2000]))
+                                                           f"{cond.reason or ''} {cond.message or ''}".strip()[:2000],
+                                   event_id=condition_event_id(rule.type, cond.last_transition_time)))
         return out
 
     async def observe(self, node: client.V1Node) -> HealthReport | None:

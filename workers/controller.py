@@ -16,17 +16,20 @@ from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from activities import contracts as c
-from activities.cloud import CloudActivities
+from activities.cloud import AWS_CLIENT_CONFIG, CloudActivities
 from activities.contracts import guard_workflow_id
 from activities.guard import GuardActivities
 from activities.kube import CLUSTER_CALL_THREADS, KubeActivities, load_core_api
 from activities.ledger import DynamoLedger, LedgerActivities, SqliteLedger
+from activities.load_ledger import LoadFigureActivities
+from activities.node_profile import NodeProfileActivities
 from activities.policy import PolicyActivities
 from policies.loader import default_policy
 from policies.model import GuardPolicy, Policy
 from workers.condition_watcher import ConditionRule, ConditionWatcher, WatcherConfig
 from workflows.fleet_guard import FleetGuard
 from workflows.node_admission import NodeAdmission
+from workflows.node_profile import NodeProfileLookup
 from workflows.node_remediation import NodeRemediation
 
 log = logging.getLogger("gpuheal.controller")
@@ -47,17 +50,21 @@ class ControllerConfig:
     cluster: str = "default"
 
 
-CONTROLLER_WORKFLOWS = [NodeRemediation, FleetGuard, NodeAdmission]
+CONTROLLER_WORKFLOWS = [NodeRemediation, FleetGuard, NodeAdmission, NodeProfileLookup]
 
 
 def controller_activities(kube: KubeActivities, cloud: CloudActivities, ledger: LedgerActivities,
                           guard: GuardActivities, policy: PolicyActivities) -> list:
-    """Every cluster-side activity, in one list: the controller, the simulator and the tests register it."""
+    """Every cluster-side activity, in one list: the controller, the simulator and the tests register it.
+    The policy is answered per node (its profile applied), from the nodes' labels."""
+    profiles = NodeProfileActivities(kube.core, policy.snapshot.policy, policy.snapshot.source, policy.snapshot.cluster)
     return [kube.quarantine, kube.return_to_service, kube.attribute_pods, kube.drain, kube.event, kube.fleet_size,
             kube.check_node, kube.quarantined_nodes,
             cloud.reboot, cloud.replace, cloud.boot_id, ledger.record, ledger.count_recent, ledger.denylist,
-            ledger.check_denied, guard.signal_guard, guard.live_holders,
-            guard.running_episodes, policy.current]
+            ledger.check_denied, ledger.admit, ledger.admitted, ledger.last_started, guard.signal_guard, guard.live_holders,
+            guard.running_holders,
+            guard.running_episodes, profiles.current, profiles.expectations, profiles.record_baseline,
+            *LoadFigureActivities(ledger.ledger).activities()]
 
 
 def build_worker(client: Client, cfg: ControllerConfig) -> Worker:
@@ -65,15 +72,16 @@ def build_worker(client: Client, cfg: ControllerConfig) -> Worker:
     kube = KubeActivities(core, cfg.events_namespace, cfg.gpu_node_selector)
     # boto3 finds region, credentials and endpoints (AWS_ENDPOINT_URL) the standard way.
     session = boto3.Session()
-    cloud = CloudActivities(session.client("ec2"), session.client("autoscaling"), session.client("ssm"), core)
+    cloud = CloudActivities(*(session.client(s, config=AWS_CLIENT_CONFIG) for s in ("ec2", "autoscaling", "ssm")), core)
     if cfg.ledger.startswith("dynamodb://"):
-        store = DynamoLedger(session.client("dynamodb"), cfg.ledger.removeprefix("dynamodb://"))
+        store = DynamoLedger(session.client("dynamodb", config=AWS_CLIENT_CONFIG), cfg.ledger.removeprefix("dynamodb://"))
     else:
         Path(cfg.ledger).parent.mkdir(parents=True, exist_ok=True)
         store = SqliteLedger(cfg.ledger)
     return controller_worker(client, cfg.task_queue,
                              controller_activities(kube, cloud, LedgerActivities(store), GuardActivities(client),
-                                                   PolicyActivities(cfg.policy or default_policy(), cfg.policy_source)),
+                                                   PolicyActivities(cfg.policy or default_policy(), cfg.policy_source,
+                                                                    cfg.cluster)),
                              cfg.max_concurrent_activities)
 
 
@@ -111,6 +119,11 @@ async def tell_guard_the_policy(client: Client, cluster: str, guard: GuardPolicy
     try:
         await handle.execute_update(FleetGuard.set_policy, args=[guard, client.identity],
                                     rpc_timeout=timedelta(seconds=10))
+        # A guard run from before an upgrade meets the new behaviour now, not at its next
+        # continue-as-new (which may be months away); `gpuheal guard` says which it runs.
+        st = await handle.execute_update(FleetGuard.upgrade, args=[client.identity], rpc_timeout=timedelta(seconds=10))
+        if st.behaviour:
+            log.warning("fleet guard %s: %s", cluster, st.behaviour)
     except Exception as err:  # noqa: BLE001 - a closed guard, a timeout: the controller serves on
         if not (isinstance(err, RPCError) and err.status == RPCStatusCode.NOT_FOUND):  # none yet: nothing to say
             log.warning("could not give fleet guard %s the policy: %s", cluster, err)

@@ -8,7 +8,9 @@ import contextlib
 import logging
 import os
 import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 from sim.fleet import SimulatedFleet
@@ -16,6 +18,7 @@ from workers import telemetry
 
 STATE = Path(".gpuheal")
 LOGS = STATE / "logs"
+DEV_SERVER_PID = STATE / "dev-server.pid"
 
 
 @contextlib.contextmanager
@@ -50,19 +53,96 @@ def logs_to_file(path: Path):
         log.close()
 
 
+def children(pid: int) -> list[int]:
+    """Processes whose parent is `pid` (Linux /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _is_dev_server(pid: int) -> bool:
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return b"start-dev" in argv and any(a.endswith(b"temporal") for a in argv)
+
+
+def stop_leftover_dev_server() -> str | None:
+    """A demo killed outright (SIGKILL, a closed terminal) leaves its dev server holding :8233: stop
+    the one our own pid file names, if it is still a dev server, and say so."""
+    try:
+        pid = int(DEV_SERVER_PID.read_text())
+    except (OSError, ValueError):
+        return None
+    DEV_SERVER_PID.unlink(missing_ok=True)
+    if not _is_dev_server(pid):
+        return None
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while _is_dev_server(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if _is_dev_server(pid):
+        os.kill(pid, signal.SIGKILL)
+    return f"gpuheal demo: stopped the dev server an earlier demo left running (pid {pid})"
+
+
+@contextlib.asynccontextmanager
+async def dev_server_watched():
+    """Record the dev server this process started, and keep a watchdog that stops it if this
+    process dies without shutting it down (SIGKILL gives no chance to clean up)."""
+    servers = [pid for pid in children(os.getpid()) if _is_dev_server(pid)]
+    if not servers:
+        yield
+        return
+    STATE.mkdir(parents=True, exist_ok=True)
+    DEV_SERVER_PID.write_text(str(servers[0]))
+    watchdog = subprocess.Popen(
+        ["/bin/sh", "-c", f"while kill -0 {os.getpid()} 2>/dev/null; do sleep 1; done; kill {servers[0]} 2>/dev/null"],
+        start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield
+    finally:
+        watchdog.kill()
+        watchdog.wait()
+        DEV_SERVER_PID.unlink(missing_ok=True)
+
+
+def fresh_ledger() -> Path:
+    """The demo's controller records into .gpuheal/ledger.db (`gpuheal outcomes` reads it there);
+    a previous demo's ledger is kept beside it, so its hardware ids make no repeat offenders now."""
+    path = STATE / "ledger.db"
+    if path.exists():
+        for suffix in ("", "-wal", "-shm"):
+            old = Path(f"{path}{suffix}")
+            if old.exists():
+                old.replace(STATE / f"ledger.previous.db{suffix}")
+    return path
+
+
 def playground_commands(fleet: SimulatedFleet, address: str, namespace: str) -> list[str]:
-    """Ready-to-paste commands against the running fleet."""
+    """Ready-to-paste commands against the running fleet: absolute paths, so they work from any
+    shell without activating the venv."""
     healthy = [h for h in fleet.hosts.values() if not h.injected] or list(fleet.hosts.values())
     node = healthy[-1].name
+    local = Path(sys.executable).parent / "gpuheal"
+    gpuheal = str(local) if local.exists() else "gpuheal"
     conn = f"--temporal {address} --namespace {namespace}"
     return [
-        f"gpuheal report {node} --xid 79 --gpu 1 {conn} --cluster {fleet.cluster} --task-queue {fleet.task_queue}",
-        f"kubectl --kubeconfig {STATE / 'kubeconfig'} get nodes -w",
-        f"gpuheal status {conn} --cluster {fleet.cluster}",
-        f"gpuheal status {node} {conn}",
-        f"gpuheal history {node} {conn}",
-        f"gpuheal pause --reason 'try it' {conn} --cluster {fleet.cluster}",
-        f"gpuheal resume {conn} --cluster {fleet.cluster}",
+        f"{gpuheal} report {node} --xid 79 --gpu 1 {conn} --cluster {fleet.cluster} --task-queue {fleet.task_queue}",
+        f"kubectl --kubeconfig {(STATE / 'kubeconfig').resolve()} get nodes -w",
+        f"{gpuheal} status {conn} --cluster {fleet.cluster}",
+        f"{gpuheal} status {node} {conn}",
+        f"{gpuheal} history {node} {conn}",
+        f"{gpuheal} outcomes --since 1d --ledger {(STATE / 'ledger.db').resolve()}",
+        f"{gpuheal} pause --reason 'try it' {conn} --cluster {fleet.cluster}",
+        f"{gpuheal} resume {conn} --cluster {fleet.cluster}",
     ]
 
 

@@ -15,11 +15,15 @@ from temporalio.service import RPCError, RPCStatusCode
 from activities import contracts as c
 from activities.contracts import guard_workflow_id, remediation_workflow_id
 from policies.findings import Finding, HealthReport
+from workers.episode_history import closed_episode
 from workers.reporting import send_report
 from workflows.fleet_guard import FleetGuard
 from workflows.guard_types import GateRelease
 from workflows.node_remediation import NodeRemediation
 from workflows.remediation_types import (
+    SA_FAULT,
+    SA_NODE,
+    SA_STAGE,
     RemediationStatus,
 )
 
@@ -85,22 +89,42 @@ async def node_status(client: Client, node: str) -> RemediationStatus:
 
 
 async def fleet_status(client: Client) -> list[dict]:
+    """Every running episode, from the visibility store; each answers a query for what it waits on,
+    and one that cannot is one row marked unreachable, with why, instead of a failed listing."""
     out = []
     async for w in client.list_workflows('WorkflowType = "NodeRemediation" AND ExecutionStatus = "Running"'):
-        st = await query_status(client, client.get_workflow_handle(w.id, run_id=w.run_id))
-        out.append({"node": st.node, "stage": st.stage.value, "next_rung": st.next_rung.value if st.next_rung else None,
+        sa = w.typed_search_attributes
+        row = {"node": sa.get(SA_NODE) or w.id.removeprefix("remediate/"), "stage": sa.get(SA_STAGE),
+               "next_rung": None, "fault_class": sa.get(SA_FAULT), "paused": None, "awaiting_approval": None}
+        try:
+            st = await query_status(client, client.get_workflow_handle(w.id, run_id=w.run_id))
+        except OperatorError as err:
+            out.append({**row, "unreachable": str(err)})
+            continue
+        out.append({**row, "node": st.node, "stage": st.stage.value,
+                    "next_rung": st.next_rung.value if st.next_rung else None,
                     "fault_class": st.triage.fault_class if st.triage else None, "paused": st.paused,
                     "awaiting_approval": st.awaiting_approval.value if st.awaiting_approval else None})
     return sorted(out, key=lambda r: r["node"])
 
 
 async def history(client: Client, node: str) -> list[dict]:
-    """Every episode of a node, oldest first, each step with its time and result."""
+    """Every episode of a node, oldest first, each step with its time and result. A running episode
+    answers a query; a closed one is read from its event history (no worker needed); one that cannot
+    answer is one row saying why, not a failed listing."""
     episodes = []
     async for w in client.list_workflows(f'WorkflowId = "{remediation_workflow_id(node)}"'):
-        st = await query_status(client, client.get_workflow_handle(w.id, run_id=w.run_id))
-        episodes.append({"run_id": w.run_id, "started": w.start_time.isoformat(), "status": w.status.name,
-                         "outcome": st.outcome.value if st.outcome else None, "reason": st.outcome_reason,
+        handle = client.get_workflow_handle(w.id, run_id=w.run_id)
+        row = {"run_id": w.run_id, "started": w.start_time.isoformat(), "status": w.status.name}
+        if w.status != WorkflowExecutionStatus.RUNNING:
+            episodes.append({**row, **await closed_episode(client, handle)})
+            continue
+        try:
+            st = await query_status(client, handle)
+        except OperatorError as err:
+            episodes.append({**row, "outcome": None, "reason": f"unreachable: {err}", "rungs": [], "steps": []})
+            continue
+        episodes.append({**row, "outcome": st.outcome.value if st.outcome else None, "reason": st.outcome_reason,
                          "rungs": [r.value for r in st.rungs_tried],
                          "steps": [{"at": a.at.isoformat(), "step": a.step, "summary": a.summary, "ok": a.ok,
                                     "detail": a.detail} for a in st.actions]})
@@ -160,4 +184,31 @@ async def manual_report(client: Client, node: str, xid: int, gpu: int, cluster: 
     report = HealthReport(node=node, boot_id=boot, seq=time.time_ns() // 1000, source="manual",
                           detected_at=datetime.now(UTC),
                           findings=[Finding(kind="xid", xid=xid, gpu_index=gpu, message=f"reported by an operator: Xid {xid}")])
+    return await send_report(client, report, node=node, cluster=cluster, task_queue=task_queue)
+
+
+async def suspect_report(client: Client, node: str, why: str, min_interval: timedelta, cluster: str = "default",
+                         task_queue: str = c.DEFAULT_TASK_QUEUE):
+    """A node suspected, not failed (a slow rank, NCCL timeouts, a person's hunch): the episode drains
+    it and load-tests it before any remedy. Refused when the node's last episode ended less than
+    `min_interval` ago: one flaky job must not keep a node out of service."""
+    boot = "manual"
+    try:
+        handle, running = await _running(client, node)
+        if running:
+            boot = (await query_status(client, handle)).boot_id or boot
+        else:
+            closed = (await handle.describe()).close_time
+            if closed is not None and datetime.now(UTC) - closed < min_interval:
+                ago = int((datetime.now(UTC) - closed).total_seconds() // 60)
+                raise OperatorError(f"{node} was checked {ago} min ago (its last episode ended {closed:%H:%M:%S} "
+                                    f"UTC); suspect reports are limited to one per {min_interval} per node")
+    except RPCError:
+        pass
+    except OperatorError as err:
+        if "no remediation has ever run" not in str(err):
+            raise
+    report = HealthReport(node=node, boot_id=boot, seq=time.time_ns() // 1000, source="manual",
+                          detected_at=datetime.now(UTC),
+                          findings=[Finding(kind="suspect", message=f"suspect: {why}"[:2000])])
     return await send_report(client, report, node=node, cluster=cluster, task_queue=task_queue)

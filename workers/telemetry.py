@@ -20,6 +20,23 @@ TRACING_HELP = "otlp://HOST:PORT (OTLP over HTTP), console (stderr), or none"  #
 HISTOGRAM_BUCKETS = {"gpuheal_detect_to_cordon": [10, 25, 50, 100, 150, 200, 250, 500, 1000, 2500, 10000, 60000]}
 
 
+# Every metric gpuheal itself exports, as Prometheus shows it (a counter has no `_total`; a
+# histogram adds _bucket, _sum and _count). The dashboard and alert rules under deploy/monitoring/
+# may name only these (and the SDK's temporal_*); tests/deploy/test_monitoring.py checks both ways.
+EXPORTED_METRICS = {
+    "gpuheal_remediations": "counter", "gpuheal_detect_to_cordon": "histogram",
+    "gpuheal_guard_leases": "gauge", "gpuheal_guard_budget": "gauge", "gpuheal_guard_waiting": "gauge",
+    "gpuheal_storm_breaker_open": "gauge", "gpuheal_storm_breaker_trips": "counter",
+    "gpuheal_guard_canary_failures": "counter", "gpuheal_fleet_nodes": "gauge", "gpuheal_nodes_unhealthy": "gauge",
+    "gpuheal_guard_deferred": "gauge", "gpuheal_guard_oldest_deferred_seconds": "gauge",
+    "gpuheal_probe_failures": "counter",
+    # the outcome ledger (activities/outcomes.py), counted as each episode's record is written
+    "gpuheal_episodes_recorded": "counter", "gpuheal_node_seconds_lost": "counter",
+    "gpuheal_time_to_repair": "histogram", "gpuheal_pod_interruptions": "counter", "gpuheal_repeat_failures": "counter",
+    "gpuheal_validations": "counter", "gpuheal_agent_missing_episodes": "counter",
+}
+
+
 class FlagError(ValueError):
     """A connection, metrics or tracing flag that cannot be used as given (one line, exit 2)."""
 

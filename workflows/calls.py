@@ -29,13 +29,13 @@ async def call(name: str, arg: Any = None, result_type: type | None = None, *, s
                local: bool = False) -> Any:
     """One activity, retried up to `attempts` times (0: until it works); `task_queue` for
     node-local work, where `schedule_to_start` catches a dead agent.
-    `local` runs it in the controller: one marker event, no task-queue round trip (and no summary:
-    a marker shows none, so the caller's step record carries it)."""
+    `local` runs it in the controller: one marker event, no task-queue round trip; its summary
+    goes on the marker (the UI shows it) as well as in the caller's step record."""
     retry = RetryPolicy(maximum_attempts=attempts, maximum_interval=max_interval,
                         non_retryable_error_types=NON_RETRYABLE)
     args = [] if arg is None else [arg]
     if local:
-        return await workflow.execute_local_activity(name, args=args, result_type=result_type,
+        return await workflow.execute_local_activity(name, args=args, result_type=result_type, summary=summary,
                                                      start_to_close_timeout=timeout, retry_policy=retry)
     return await workflow.execute_activity(
         name, args=args, result_type=result_type, task_queue=task_queue, schedule_to_start_timeout=schedule_to_start,

@@ -14,13 +14,19 @@ with workflow.unsafe.imports_passed_through():
     from activities import contracts as c
     from policies.model import Policy, RungPolicy
     from workflows.calls import call, call_or_none
+    from workflows.outcome import PATCH_OUTCOME_LEDGER
     from workflows.remediation_types import (
+        ISSUE22_PATCHES,
         MAX_ACTIONS_KEPT,
         MAX_RUN_IDS_KEPT,
         PATCH_BOUNDED_STATE,
         PATCH_DO_NO_HARM,
+        PATCH_EPISODE_IDENTITY,
         PATCH_GUARD_ADMISSION,
         PATCH_LOCAL_CLUSTER_CALLS,
+        PATCH_QUARANTINE_HOLD,
+        PATCH_STICKY_CONDITIONS,
+        PATCH_TRUSTED_INTAKE,
         SA_NODE,
         SA_OUTCOME,
         SA_STAGE,
@@ -31,6 +37,12 @@ with workflow.unsafe.imports_passed_through():
         RemediationState,
         Stage,
     )
+
+
+def node_of(workflow_id: str, fallback: str) -> str:
+    """The node an episode's id names: `remediate/<node>`."""
+    prefix = c.remediation_workflow_id("")
+    return workflow_id[len(prefix):] if workflow_id.startswith(prefix) and len(workflow_id) > len(prefix) else fallback
 
 
 class Episode:
@@ -53,6 +65,30 @@ class Episode:
     def _no_harm(self) -> bool:
         """The do-no-harm rules (see PATCH_DO_NO_HARM)."""
         return workflow.patched(PATCH_DO_NO_HARM)
+
+    def _trusted_intake(self) -> bool:
+        """Reports cannot steer intake (see PATCH_TRUSTED_INTAKE)."""
+        return workflow.patched(PATCH_TRUSTED_INTAKE)
+
+    def _identity(self) -> bool:
+        """Node from the workflow id, cluster and history limit from the controller (PATCH_EPISODE_IDENTITY)."""
+        return workflow.patched(PATCH_EPISODE_IDENTITY)
+
+    def _holds(self) -> bool:
+        """A node left quarantined is held for a person (PATCH_QUARANTINE_HOLD)."""
+        return workflow.patched(PATCH_QUARANTINE_HOLD)
+    def _decide_issue22(self) -> None:
+        """Issue 22's fixes, decided once when the run starts (before any activity's marker): a run
+        started before them keeps the old behaviour, and meets the new one at continue-as-new."""
+        self._issue22 = {p for p in ISSUE22_PATCHES if workflow.patched(p)}
+
+    def _fixed(self, patch: str) -> bool:
+        """Whether this run has issue 22's fix `patch` (remediation_types.ISSUE22_PATCHES)."""
+        return patch in self._issue22
+
+    def _sticky(self) -> bool:
+        """Conditions set before the node's last episode are no news (PATCH_STICKY_CONDITIONS)."""
+        return workflow.patched(PATCH_STICKY_CONDITIONS)
 
     def _local_cluster_calls(self) -> bool:
         """Short cluster-side calls (cordon, pod marks, events, ledger, guard signals) run as local
@@ -104,6 +140,9 @@ class Episode:
             if self._bounded() and len(self.s.run_ids) > MAX_RUN_IDS_KEPT:
                 # The first run id names the episode (idempotency keys, the ledger): it stays.
                 self.s.run_ids = [self.s.run_ids[0], *self.s.run_ids[-(MAX_RUN_IDS_KEPT - 1):]]
+        # Decided before any local activity's marker (see _take_controller_policy); read at the
+        # episode's close, when the ledger record carries its outcome (workflows/outcome.py).
+        workflow.patched(PATCH_OUTCOME_LEDGER)
         if self.s.started_at is None:
             self.s.started_at = workflow.now()
             if workflow.info().typed_search_attributes.get(SA_NODE) is None:

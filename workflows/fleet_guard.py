@@ -22,8 +22,11 @@ with workflow.unsafe.imports_passed_through():
         CANARY_FAILED,
         CANARY_PROVEN,
         LEFT_QUARANTINE,
+        OLD_BEHAVIOUR,
         PATCH_GUARD_IDLE_RECHECK,
         PATCH_GUARD_NEVER_WEDGED,
+        PATCH_GUARD_PAGED_CHECK,
+        PATCH_GUARD_UPGRADE,
         GateRelease,
         GuardInput,
         GuardState,
@@ -53,11 +56,15 @@ class FleetGuard(GuardBooks):
         self.s = inp.state or GuardState(fleet_size=inp.fleet_size)
         self._wake = True
         self._regrant: set[str] = set()
+        self._regrant_ids: dict[str, str] = {}  # holder -> the request id its re-grant echoes
         self._answers: list[tuple[str, QuarantineAnswer]] = []
         self._relearning = None
         # Decided once per run, here: queries (read-only) read it too.
         self._never_wedged = workflow.patched(PATCH_GUARD_NEVER_WEDGED)
         self._idle_recheck = workflow.patched(PATCH_GUARD_IDLE_RECHECK)
+        self._paged = workflow.patched(PATCH_GUARD_PAGED_CHECK)
+        self._holder_check = None
+        self._upgrade = False
 
     # --- handlers ------------------------------------------------------------------------------
     @workflow.signal(name=GUARD_SIGNAL_REQUEST)
@@ -65,6 +72,7 @@ class FleetGuard(GuardBooks):
         if any(h.holder == req.holder for h in self.s.holders):
             # A holder asking again (after continue-as-new, say) gets its grant again.
             self._regrant.add(req.holder)
+            self._regrant_ids[req.holder] = req.request_id
         elif not any(w.holder == req.holder for w in self.s.waiters):
             self.s.waiters.append(req)
             if self._new():
@@ -100,8 +108,11 @@ class FleetGuard(GuardBooks):
         self._wake = True
 
     @workflow.update
-    def pause(self, reason: str = "") -> GuardStatus:
-        self.s.paused, self.s.pause_reason = True, reason or "paused by operator"
+    def pause(self, reason: str = "", by: str = "") -> GuardStatus:
+        """`by`: who paused (the CLI sends its identity); kept with the reason, which every waiter's
+        status and `gpuheal guard` show."""
+        reason = reason or "paused by operator"
+        self.s.paused, self.s.pause_reason = True, f"{reason} (by {by})" if by else reason
         return self.status()
 
     @workflow.update
@@ -137,6 +148,18 @@ class FleetGuard(GuardBooks):
             self._wake = True
         return self.status()
 
+    @workflow.update
+    def upgrade(self, by: str = "") -> GuardStatus:
+        """A run started before guard-never-wedged continues as new at its next pass, taking the new
+        behaviour; the quarantine requests it left unanswered are admitted first (it counted those
+        nodes unhealthy already). A current run: nothing to do."""
+        if not self._never_wedged and workflow.patched(PATCH_GUARD_UPGRADE):
+            workflow.logger.warning("guard %s: continuing as new for the new behaviour (asked by %s)",
+                                    self.inp.cluster, by[:100] or "?")
+            self._answers += [(h, QuarantineAnswer(admitted=True)) for h in sorted(set(self.s.unhealthy.values())) if h]
+            self._upgrade, self._wake = True, True
+        return self.status()
+
     @workflow.query
     def status(self) -> GuardStatus:
         s, now = self.s, workflow.now()
@@ -151,6 +174,7 @@ class FleetGuard(GuardBooks):
             waiting=[Waiting(holder=w.holder, node=w.node, since=s.waiting_since.get(w.holder, now),
                              reason=self._waiter_reason()) for w in s.waiters],
             deferred=s.deferred, forced=s.forced, policy=self.policy, policy_changes=s.policy_changes,
+            behaviour="" if self._never_wedged else OLD_BEHAVIOUR + (": continuing as new now" if self._upgrade else ""),
         )
 
     # --- main loop -----------------------------------------------------------------------------
@@ -175,8 +199,8 @@ class FleetGuard(GuardBooks):
             await self._answer()
             await self._grant()
             metrics.guard_state(inp.cluster, len(self.s.holders), self._budget(), len(self.s.waiters),
-                                self.s.breaker_open)
-            if workflow.info().is_continue_as_new_suggested():
+                                self.s.breaker_open, **metrics.fleet_figures(self.s, workflow.now()))
+            if self._upgrade or workflow.info().is_continue_as_new_suggested():
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(GuardInput(cluster=inp.cluster, policy=self.policy, state=self.s))
             try:
@@ -205,7 +229,7 @@ class FleetGuard(GuardBooks):
         if self._learning() and not self._forced():
             return  # no lease before the guard knows who holds one
         for holder in sorted(self._regrant):
-            await self._signal_grant(holder)
+            await self._signal_grant(holder, self._regrant_ids.pop(holder, ""))
         self._regrant.clear()
         while self.s.waiters and len(self.s.holders) < self._budget():
             req = self.s.waiters.pop(0)
@@ -216,13 +240,13 @@ class FleetGuard(GuardBooks):
             self.s.max_seen_holders = max(self.s.max_seen_holders, len(self.s.holders))
             if self.s.forced is not None and self.s.forced.leases > 0:
                 self.s.forced = self.s.forced.model_copy(update={"leases": self.s.forced.leases - 1})
-            await self._signal_grant(req.holder)
+            await self._signal_grant(req.holder, req.request_id)
         workflow.set_current_details(self._details())
 
-    async def _signal_grant(self, holder: str) -> None:
+    async def _signal_grant(self, holder: str, request_id: str = "") -> None:
         try:
             await workflow.get_external_workflow_handle(holder).signal(
-                HOLDER_SIGNAL_GRANTED, LeaseGrant(holder=holder, granted_at=workflow.now())
+                HOLDER_SIGNAL_GRANTED, LeaseGrant(holder=holder, granted_at=workflow.now(), request_id=request_id)
             )
         except FailureError:
             # The holder is gone (completed or terminated): its slot goes back to the budget.

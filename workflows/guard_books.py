@@ -21,6 +21,8 @@ with workflow.unsafe.imports_passed_through():
 class GuardBooks(GuardGates):
     _relearning: object
     _answers: list
+    _paged: bool
+    _holder_check: asyncio.Task | None
 
     def _learning(self) -> bool:
         return self._relearning is not None and not self._relearning.done()
@@ -102,17 +104,37 @@ class GuardBooks(GuardGates):
             return
         if self.s.last_holder_check and now - self.s.last_holder_check < p.holder_check_interval:
             return
+        if self._holder_check is not None and not self._holder_check.done():
+            return  # the last one still runs beside the loop
         self.s.last_holder_check = now
         ids = {h.holder for h in self.s.holders}
         if new:
             ids |= {w.holder for w in self.s.waiters} | {h for h in self.s.unhealthy.values() if h}
             ids |= {d.holder for d in self.s.deferred}
+        if self._paged:
+            self._holder_check = asyncio.create_task(self._check_beside(ids))
+            return
         # Retried until it works: a holder dropped on a guess could exceed the budget.
         live = await call(c.GUARD_LIVE_HOLDERS, c.LiveHoldersRequest(holders=sorted(ids)), c.LiveHoldersResult,
                           summary=f"check {len(ids)} lease holders still run", timeout=timedelta(seconds=30))
+        await self._reconcile(ids, live.running, new)
+
+    async def _check_beside(self, ids: set[str]) -> None:
+        """The holder check beside the loop: one paged listing (heartbeating), a bounded retry; a
+        check that fails keeps the books as they are until the next interval."""
+        live = await call_or_none(lambda why: workflow.logger.warning("guard %s: holder check failed (%s): books kept",
+                                                                     self.inp.cluster, why),
+                                  c.GUARD_RUNNING_HOLDERS, c.LiveHoldersRequest(holders=sorted(ids)), c.LiveHoldersResult,
+                                  summary=f"check {len(ids)} lease holders still run", timeout=timedelta(minutes=10),
+                                  heartbeat=timedelta(seconds=30), attempts=5, max_interval=timedelta(seconds=30))
+        if live is not None:
+            await self._reconcile(ids, live.running, True)
+        self._wake = True
+
+    async def _reconcile(self, ids: set[str], running: list[str], new: bool) -> None:
         # Only what was checked can be gone: holders learnt back, requests and faults that arrived
         # while the activity ran were not asked about.
-        gone = ids - set(live.running)
+        gone = ids - set(running)
         for h in [h.holder for h in self.s.holders if h.holder in gone]:
             self._drop_holder(h)
         if not new:

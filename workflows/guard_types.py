@@ -14,6 +14,15 @@ from workflows.lease import FaultNotice, LeaseRequest
 PATCH_GUARD_NEVER_WEDGED = "guard-never-wedged"
 # workflow.patched id: an idle guard sleeps for idle_recheck, not holder_check_interval.
 PATCH_GUARD_IDLE_RECHECK = "guard-idle-recheck"
+# workflow.patched id: the holder check is one paged listing, run beside the loop (grants and
+# admissions go on meanwhile), heartbeating, with a bounded retry (issue 22: 10).
+PATCH_GUARD_PAGED_CHECK = "guard-paged-holder-check"
+# workflow.patched id: a guard run started before guard-never-wedged continues as new when the
+# controller asks (the `upgrade` update, sent at controller start), so it meets the new behaviour
+# (issue 22: 11).
+PATCH_GUARD_UPGRADE = "guard-upgrade"
+OLD_BEHAVIOUR = ("this guard run started before guard-never-wedged: it answers no quarantine requests (each "
+                 "cordon waits admission_timeout) until it continues as new; a controller's start asks it to")
 MAX_DEFERRED_KEPT = 1000
 # Outcomes an episode reports when it ends or gives its lease back: these prove a canary.
 CANARY_PROVEN = frozenset({"validated", "returned", "replaced"})
@@ -107,3 +116,4 @@ class GuardStatus(BaseModel):
     forced: GateRelease | None = None
     policy: GuardPolicy | None = None
     policy_changes: list[str] = Field(default_factory=list)
+    behaviour: str = Field(default="", description="Why this run keeps older behaviour, if it does.")

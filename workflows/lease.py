@@ -12,8 +12,9 @@ from temporalio.exceptions import FailureError
 
 with workflow.unsafe.imports_passed_through():
     from activities import contracts as c
+    from policies.durations import format_duration
     from workflows.episode import Episode
-    from workflows.remediation_types import Outcome
+    from workflows.remediation_types import PATCH_LEASE_REQUEST_IDS, Outcome
     from workflows.report_intake import fault_cleared
 
 GUARD_SIGNAL_FAULT = "fault"
@@ -21,17 +22,20 @@ GUARD_SIGNAL_REQUEST = "request"
 GUARD_SIGNAL_RELEASE = "release"
 HOLDER_SIGNAL_GRANTED = "lease_granted"
 HOLDER_SIGNAL_QUARANTINE = "quarantine_answer"
+RESEND_BACKOFF_CAP = 8  # a waiting episode re-sends its request at most every 8 x holder_check_interval
 
 
 class LeaseRequest(BaseModel):
     cluster: str
     holder: str = Field(description="Workflow id of the requester; the grant is signalled to it.")
     node: str
+    request_id: str = Field(default="", description="Which of the holder's requests this is: its grant echoes it.")
 
 
 class LeaseGrant(BaseModel):
     holder: str
     granted_at: datetime
+    request_id: str = Field(default="", description="The request granted: a late grant of an earlier one is refused.")
 
 
 class LeaseRelease(BaseModel):
@@ -80,7 +84,23 @@ class GuardClient(Episode):
                            fault_class=t.fault_class if t else None, **kind)
 
     def _lease_request(self) -> LeaseRequest:
-        return LeaseRequest(cluster=self.inp.cluster, holder=workflow.info().workflow_id, node=self.node)
+        return LeaseRequest(cluster=self.inp.cluster, holder=workflow.info().workflow_id, node=self.node,
+                            request_id=self.s.lease_request_id)
+
+    def _take_grant(self, grant: LeaseGrant) -> None:
+        """A grant is the lease only for the request outstanding: one that arrives after the lease was
+        given back (a re-grant of a re-sent request, a duplicate) would have a drain run with no
+        holder at the guard."""
+        # A grant with no id comes from a guard that predates request ids: taken while a request is out.
+        if self._fixed(PATCH_LEASE_REQUEST_IDS) and not (
+                self.s.lease_requested and grant.request_id in (self.s.lease_request_id, "")):
+            # Counted and logged, not a step of the record: a re-grant arriving after the lease went
+            # back is routine, and the record's steps time the episode's phases.
+            self.s.stray_grants += 1
+            workflow.logger.info("%s: ignored a lease grant of request %s (outstanding: %s)", self.node,
+                                 grant.request_id or "(none)", self.s.lease_request_id if self.s.lease_requested else "none")
+            return
+        self.s.lease_held = True
 
     async def _tell_guard(self, healthy: bool) -> None:
         if (healthy and not self.s.guard_notified) or self.policy.dry_run:
@@ -135,21 +155,33 @@ class GuardClient(Episode):
             # A dry run disrupts nothing, so it must not take budget from real remediations.
             return self._record("lease", f"would take a disruption lease for {self.node}", True, "dry run")
         if not self.s.lease_requested:
+            if self._fixed(PATCH_LEASE_REQUEST_IDS):
+                self.s.lease_requests += 1
+                self.s.lease_request_id = f"{self._episode()}/{self.s.lease_requests}"
+                self.s.lease_requested = True  # before the signal: its grant may arrive while it is sent
             await self._signal_guard(GUARD_SIGNAL_REQUEST, self._lease_request(), started=self.s.guard_notified)
             self.s.lease_requested = True
         self._set_details("waiting for a disruption lease from the fleet guard")
+        asked = workflow.now()
+        every = self.policy.guard.holder_check_interval
         while self._guard_admission():
             # The request is sent again now and then: a guard started afresh learns its waiters back.
+            # Each wait doubles, up to RESEND_BACKOFF_CAP times the first, so a long pause adds a
+            # few events an hour to each waiter's history instead of one re-send per interval.
             try:
-                await workflow.wait_condition(lambda: self.s.lease_held or self._steered(),
-                                              timeout=self.policy.guard.holder_check_interval,
+                await workflow.wait_condition(lambda: self.s.lease_held or self._steered(), timeout=every,
                                               timeout_summary=f"{self.node}'s lease request, re-sent")
                 break
             except TimeoutError:
                 await self._signal_guard(GUARD_SIGNAL_REQUEST, self._lease_request(), started=True)
+                if self._lease_backoff:
+                    every = min(every * 2, self.policy.guard.holder_check_interval * RESEND_BACKOFF_CAP)
         await workflow.wait_condition(lambda: self.s.lease_held or self._steered())
         if self.s.lease_held:
-            self._record("lease", f"disruption lease for {self.node}", True)
+            waited = workflow.now() - asked
+            # How long the fleet held it back is part of the runbook (a pause, the budget, a storm).
+            self._record("lease", f"disruption lease for {self.node}", True,
+                         f"after waiting {format_duration(waited)}" if waited >= timedelta(seconds=1) else "")
 
     async def _release_lease(self, outcome: str | None = None) -> None:
         if not (self.s.lease_held or self.s.lease_requested):

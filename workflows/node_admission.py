@@ -6,27 +6,43 @@ from datetime import timedelta
 
 from pydantic import BaseModel, Field
 from temporalio import workflow
+from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
     from activities import contracts as c
     from policies.model import Policy
-    from workflows.calls import call
+    from workflows.calls import call, cause
     from workflows.controller_policy import (
         controller_policy_applies,
         ignored_fields,
         policy_taken,
         take_controller_policy,
     )
-    from workflows.remediation_types import ActionRecord, Outcome
-    from workflows.validation import validate_twice
+    from workflows.lease import (
+        GUARD_SIGNAL_RELEASE,
+        GUARD_SIGNAL_REQUEST,
+        HOLDER_SIGNAL_GRANTED,
+        LeaseGrant,
+        LeaseRelease,
+        LeaseRequest,
+    )
+    from workflows.remediation_types import PATCH_NODE_PROFILES, ActionRecord, Outcome
+    from workflows.validation import PATCH_LOAD_VALIDATION, validate_twice
+
+# workflow.patched id: the node is the workflow id's and must exist and be ours, its hardware ids come
+# from its own agent, a node admitted before with that hardware is left alone, and a replace takes
+# approval and a disruption lease like any other (issue 22: 3).
+PATCH_ADMISSION_TRUSTED = "admission-trusted"
 
 
 class AdmissionInput(BaseModel):
-    """The agent starts admission: the policy is the controller's (histories from before carry one here)."""
+    """The agent starts admission: the policy is the controller's (histories from before carry one here),
+    and the hardware ids are read from the node by its own agent (a start's are ignored since admission-trusted)."""
 
     node: str
     policy: Policy | None = None
-    hardware_ids: list[str] = Field(description="GPU UUIDs and serials, the instance host id: checked against the denylist.")
+    hardware_ids: list[str] = Field(default_factory=list,
+                                    description="What the starter claims: ignored, the node's agent says.")
     expected_gpus: int | None = None
 
 
@@ -44,19 +60,54 @@ class NodeAdmission:
     def __init__(self, inp: AdmissionInput) -> None:
         self.inp = inp
         self.actions: list[ActionRecord] = []
+        self.granted = False
+        self.awaiting_approval = False
+        self.approved_by: str | None = None
 
     @workflow.query
     def actions_so_far(self) -> list[ActionRecord]:
         return self.actions
 
+    @workflow.signal(name=HOLDER_SIGNAL_GRANTED)
+    def lease_granted(self, grant: LeaseGrant) -> None:
+        self.granted = True
+
+    @workflow.update
+    def approve(self, by: str = "") -> list[ActionRecord]:
+        """An operator approves replacing a node whose hardware is denylisted (recorded with who)."""
+        self.approved_by = by[:200]
+        self._record("operator", f"approve by {self.approved_by}", True, "replace")
+        return self.actions
+
+    @approve.validator
+    def _validate_approve(self, by: str = "") -> None:
+        if not self.awaiting_approval:
+            raise ValueError("nothing awaits approval")
+        if not by:
+            raise ValueError("say who approves")
+
     @workflow.run
     async def run(self, inp: AdmissionInput) -> AdmissionResult:
+        trusted_admission = workflow.patched(PATCH_ADMISSION_TRUSTED)  # before the first local activity
+        profiles = workflow.patched(PATCH_NODE_PROFILES)  # decided before the first local activity
+        load = workflow.patched(PATCH_LOAD_VALIDATION)  # before the first local activity
+        cluster = None
         if controller_policy_applies():
             snap = await take_controller_policy(inp.node)
             trusted = {"policy": snap.policy, "expected_gpus": None}
+            if trusted_admission:
+                prefix = c.admission_workflow_id("")
+                wid = workflow.info().workflow_id
+                trusted |= {"node": wid[len(prefix):] if wid.startswith(prefix) else inp.node, "hardware_ids": []}
+                cluster = snap.cluster or "default"
             ignored = ignored_fields(inp, trusted)
             inp = self.inp = inp.model_copy(update=trusted)
             self._record("policy", *policy_taken(snap, ignored))
+        if profiles and inp.policy.observe:
+            # Observe mode never cordons: the node is validated and its baseline recorded, untainted.
+            inp = self.inp = inp.model_copy(update={"policy": inp.policy.model_copy(update={"dry_run": True})})
+        if trusted_admission:
+            return await self._admit(inp, cluster or "default", profiles, load)
         await self._step(c.KUBE_QUARANTINE, c.QuarantineRequest(
             node=inp.node, fault_class="unvalidated", reason="new node: validation pending",
             taint_key=c.UNVALIDATED_TAINT, dry_run=inp.policy.dry_run), f"taint {inp.node} unvalidated")
@@ -74,13 +125,124 @@ class NodeAdmission:
                 f"replace {inp.node}: {reason}", c.ReplaceResult)
             return self._result(Outcome.DENIED_ADMISSION, reason, 0)
         passed = await validate_twice(inp.node, inp.policy.validation, inp.expected_gpus, self._record,
-                                      inp.policy.dry_run)
+                                      inp.policy.dry_run, tiers=("admission", "repair") if load else (None, None))
         if passed < 2:
             return self._result(Outcome.QUARANTINED, f"validation {passed + 1} of 2 failed: node stays tainted", passed)
+        if profiles:
+            await self._record_baseline(inp)
         await self._step(c.KUBE_RETURN_TO_SERVICE, c.ReturnToServiceRequest(
             node=inp.node, reason="admitted: validated twice", taint_keys=[c.UNVALIDATED_TAINT],
             dry_run=inp.policy.dry_run), f"admit {inp.node}: remove the unvalidated taint")
         return self._result(Outcome.HEALTHY, "validated twice; admitted", passed)
+
+    async def _admit(self, inp: AdmissionInput, cluster: str, profiles: bool, load: bool) -> AdmissionResult:
+        """Admission that trusts no starter: a re-start of an admitted node does nothing."""
+        node, p = inp.node, inp.policy
+        found = await self._step(c.KUBE_CHECK_NODE, c.NodeCheckRequest(node=node),
+                                 f"check {node} is a GPU node of this cluster", c.NodeCheckResult)
+        if not (found.exists and found.ours):
+            return self._result(Outcome.REJECTED, f"rejected: {found.reason}", 0)
+        summary = f"read {node}'s hardware ids from its own agent"
+        try:
+            hw = await call(c.NODE_HARDWARE_IDS, c.HardwareIdsRequest(node=node), c.HardwareIdsResult, summary=summary,
+                            timeout=timedelta(minutes=1), attempts=3, task_queue=c.node_task_queue(node),
+                            schedule_to_start=p.validation.agent_timeout)
+        except ActivityError as err:
+            self._record(c.NODE_HARDWARE_IDS, summary, False, cause(err))
+            return self._result(Outcome.FAILED, f"no hardware ids from {node}'s own agent ({cause(err)}): nothing done", 0)
+        self._record(c.NODE_HARDWARE_IDS, summary, True, f"{hw.gpus} GPUs, {len(hw.hardware_ids)} ids")
+        before = await self._step(c.LEDGER_ADMITTED, c.AdmittedRequest(node=node),
+                                  f"was {node} admitted before", c.AdmittedResult)
+        if set(before.hardware_ids) & set(hw.hardware_ids):
+            return self._result(Outcome.HEALTHY, f"{node} was admitted before with this hardware: nothing done", 0)
+        await self._step(c.KUBE_QUARANTINE, c.QuarantineRequest(
+            node=node, fault_class="unvalidated", reason="new node: validation pending",
+            taint_key=c.UNVALIDATED_TAINT, dry_run=p.dry_run), f"taint {node} unvalidated")
+        denied = await self._step(c.LEDGER_CHECK_DENIED, c.CheckDeniedRequest(hardware_ids=hw.hardware_ids),
+                                  f"check {node}'s hardware against the denylist", c.CheckDeniedResult)
+        if denied.denied:
+            hw_id, why = sorted(denied.denied.items())[0]
+            reason = f"hardware {hw_id} is denylisted ({why})"
+            await self._step(c.KUBE_EVENT, c.EventRequest(node=node, reason="GpuHardwareDenied", type="Warning",
+                                                          message=reason, dry_run=p.dry_run),
+                             f"warn: {node} carries denylisted hardware {hw_id}")
+            if not await self._replace_approved(node, p):
+                return self._result(Outcome.DENIED_ADMISSION, f"{reason}: replace not approved in time; the node "
+                                    "stays tainted for a person", 0)
+            await self._lease(node, cluster, p)
+            await self._step(c.CLOUD_REPLACE, c.ReplaceRequest(
+                node=node, idempotency_key=f"{workflow.info().workflow_id}/{workflow.info().run_id}/replace",
+                mode=p.replacement, ownership_tag=p.ownership_tag, dry_run=p.dry_run),
+                f"replace {node}: {reason}", c.ReplaceResult)
+            if not p.dry_run:
+                await self._to_guard(cluster, p, GUARD_SIGNAL_RELEASE, LeaseRelease(
+                    holder=workflow.info().workflow_id, node=node, outcome="replaced"))
+            return self._result(Outcome.DENIED_ADMISSION, reason, 0)
+        passed = await validate_twice(node, p.validation, inp.expected_gpus, self._record, p.dry_run,
+                                      tiers=("admission", "repair") if load else (None, None))
+        if passed < 2:
+            return self._result(Outcome.QUARANTINED, f"validation {passed + 1} of 2 failed: node stays tainted", passed)
+        if profiles:
+            await self._record_baseline(inp)
+        await self._step(c.KUBE_RETURN_TO_SERVICE, c.ReturnToServiceRequest(
+            node=node, reason="admitted: validated twice", taint_keys=[c.UNVALIDATED_TAINT],
+            dry_run=p.dry_run), f"admit {node}: remove the unvalidated taint")
+        if not p.dry_run:
+            await self._step(c.LEDGER_ADMIT, c.AdmitRequest(node=node, hardware_ids=hw.hardware_ids),
+                             f"record {node}'s admission in the ledger")
+        return self._result(Outcome.HEALTHY, "validated twice; admitted", passed)
+
+    async def _replace_approved(self, node: str, p: Policy) -> bool:
+        rp = p.ladder.replace
+        if not rp.requires_approval:
+            return True
+        self.awaiting_approval = True
+        self._record("approval", f"waiting for approval to replace {node} (update `approve`)", True)
+        try:
+            await workflow.wait_condition(lambda: self.approved_by is not None, timeout=rp.approval_timeout,
+                                          timeout_summary=f"wait for approval to replace {node}")
+        except TimeoutError:
+            return False
+        finally:
+            self.awaiting_approval = False
+        return True
+
+    async def _lease(self, node: str, cluster: str, p: Policy) -> None:
+        """A disruption lease from the cluster's guard, asked again now and then (as episodes do)."""
+        if p.dry_run:
+            return self._record("lease", f"would take a disruption lease for {node}", True, "dry run")
+        request = LeaseRequest(cluster=cluster, holder=workflow.info().workflow_id, node=node)
+        while not self.granted:
+            await self._to_guard(cluster, p, GUARD_SIGNAL_REQUEST, request)
+            try:
+                await workflow.wait_condition(lambda: self.granted, timeout=p.guard.holder_check_interval,
+                                              timeout_summary=f"{node}'s lease request, re-sent")
+            except TimeoutError:
+                pass
+        self._record("lease", f"disruption lease for {node}", True)
+
+    async def _to_guard(self, cluster: str, p: Policy, signal: str, arg: BaseModel) -> None:
+        await call(c.GUARD_SIGNAL, c.GuardSignalRequest(cluster=cluster, guard=p.guard, task_queue=workflow.info().task_queue,
+                                                        signal=signal, payload=arg.model_dump(mode="json")),
+                   summary=f"{signal} to fleet guard", timeout=timedelta(seconds=30), max_interval=timedelta(seconds=10))
+
+    async def _record_baseline(self, inp: AdmissionInput) -> None:
+        """What the node has now, having passed twice, is its baseline: fewer or slower links later
+        are findings even where no profile names a number. Best effort: admission does not hang on it."""
+        summary = f"record {inp.node}'s baseline (what it has, validated)"
+        try:
+            inv = await call(c.NODE_INVENTORY, c.InventoryRequest(node=inp.node), c.InventoryResult,
+                             summary=f"inventory of {inp.node}", timeout=timedelta(minutes=2), attempts=3,
+                             task_queue=c.node_task_queue(inp.node), schedule_to_start=inp.policy.validation.agent_timeout)
+            if inv.inventory is None or inv.findings:
+                why = ", ".join(f.label() for f in inv.findings) or "a probe could not read it"
+                return self._record("baseline", summary, False, f"not recorded: {why}")
+            await call(c.PROFILE_RECORD_BASELINE, c.RecordBaselineRequest(
+                node=inp.node, inventory=inv.inventory, validated=True, dry_run=inp.policy.dry_run and not inp.policy.observe),
+                summary=summary, timeout=timedelta(seconds=30), attempts=5, max_interval=timedelta(seconds=10))
+        except ActivityError as err:
+            return self._record("baseline", summary, False, f"not recorded: {err.cause or err}")
+        self._record("baseline", summary, True, inv.inventory.summary())
 
     async def _step(self, name: str, req: BaseModel, summary: str, result_type: type | None = None):
         """A step that fails after its retries fails the admission: the node keeps its unvalidated

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from temporalio import workflow
+from temporalio.common import RawValue
 
 with workflow.unsafe.imports_passed_through():
     from activities import contracts as c
@@ -16,9 +15,16 @@ with workflow.unsafe.imports_passed_through():
         policy_taken,
         take_controller_policy,
     )
+    from workflows.episode import node_of
     from workflows.lease import HOLDER_SIGNAL_GRANTED, HOLDER_SIGNAL_QUARANTINE, LeaseGrant, QuarantineAnswer
+    from workflows.outcome import PATCH_OUTCOME_LEDGER, outcome_fields
     from workflows.remediation_steps import RemediationSteps
     from workflows.remediation_types import (
+        PATCH_APPROVE_RUNG,
+        PATCH_KILL_IMPLICATED,
+        PATCH_LEASE_BACKOFF,
+        PATCH_NODE_PROFILES,
+        PATCH_REPEAT_PER_BOARD,
         SA_ATTRIBUTION,
         SA_FAULT,
         SA_UUIDS,
@@ -31,10 +37,12 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.report_intake import record_rejection, take_report
     from workflows.rungs import RungActions
+    from workflows.suspect import PATCH_SUSPECT_LOAD_TEST, SuspectCheck
+    from workflows.validation import PATCH_LOAD_VALIDATION
 
 
 @workflow.defn(name=c.EPISODE_WORKFLOW)
-class NodeRemediation(RungActions, RemediationSteps):
+class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
     """The runbook: triage, the ladder one rung at a time, return to service, probation. Its parts
     are lease.py (the guard), remediation_steps.py (cordon, drain, approval), rungs.py (the
     actions and validation), episode.py (state and records), report_intake.py (reports)."""
@@ -43,24 +51,40 @@ class NodeRemediation(RungActions, RemediationSteps):
     def __init__(self, inp: RemediationInput) -> None:
         self.inp = inp
         self.policy = inp.policy
-        self.node = inp.node
+        # The node is the one the workflow id names (`remediate/<node>`), never what the start input says.
+        self.node = node_of(workflow.info().workflow_id, inp.node) if self._identity() else inp.node
         # Only a run this workflow continued carries state: a first run's input comes from whoever
         # sent the first report, and is never trusted with the episode's state.
         self.s = (inp.state if workflow.info().continued_run_id else None) or RemediationState()
+        self._decide_issue22()
+        self._profiles = False  # PATCH_NODE_PROFILES, decided with the other patches
+        self._lease_backoff = False  # PATCH_LEASE_BACKOFF, likewise
 
     # --- handlers: agents signal, operators update, everyone queries --------------------------
     @workflow.signal
-    def report(self, raw: Any) -> None:
-        """A health report. Anything wrong with it is recorded and dropped: never a failed task."""
-        why = take_report(self.s, raw, node=self.node, generation=self.inp.generation, policy=self.policy,
-                          bounded=self._bounded, no_harm=self._no_harm)
+    def report(self, payload: RawValue) -> None:
+        """A health report. Anything wrong with it, an undecodable payload too, is recorded and
+        dropped: never a failed task (taken raw: the SDK would drop what it cannot decode with a log line)."""
+        try:
+            raw = workflow.payload_converter().from_payload(payload.payload)
+        except Exception as err:  # noqa: BLE001 - any bad payload is a rejection, not a task failure
+            if not self._trusted_intake():
+                workflow.logger.warning("dropped an undecodable report for %s: %s", self.node, err)
+                return
+            raw, why = payload.payload.data[:200], f"undecodable report: {type(err).__name__}: {str(err)[:200]}"
+        else:
+            why = take_report(self.s, raw, node=self.node, generation=self.inp.generation, policy=self.policy,
+                              bounded=self._bounded, no_harm=self._no_harm, trusted=self._trusted_intake,
+                              now_us=int(workflow.now().timestamp() * 10**6))
         if why is not None:
             record_rejection(self.s, why, raw, workflow.now())
             workflow.logger.warning("rejected report for %s: %s", self.node, why)
+        elif self.s.latest is not None and self.s.latest.source == "agent":
+            self.s.agent_boot_id = self.s.latest.boot_id  # only the agent's own boot ends a reboot's wait
 
     @workflow.signal(name=HOLDER_SIGNAL_GRANTED)
     def lease_granted(self, grant: LeaseGrant) -> None:
-        self.s.lease_held = True
+        self._take_grant(grant)
 
     @workflow.signal(name=HOLDER_SIGNAL_QUARANTINE)
     def quarantine_answer(self, answer: QuarantineAnswer) -> None:
@@ -94,15 +118,23 @@ class NodeRemediation(RungActions, RemediationSteps):
             raise ValueError("not paused")
 
     @workflow.update
-    def approve(self, by: str = "") -> RemediationStatus:
+    def approve(self, rung: str = "", by: str = "") -> RemediationStatus:
+        if not self._fixed(PATCH_APPROVE_RUNG):
+            by = by or rung  # callers before approve-names-rung sent only who asked
         self.s.approved.append(self.s.awaiting_approval)
         self._asked("approve", by, self.s.awaiting_approval.value)
         return self.status()
 
     @approve.validator
-    def _validate_approve(self, by: str = "") -> None:
+    def _validate_approve(self, rung: str = "", by: str = "") -> None:
         if self.s.awaiting_approval is None:
             raise ValueError("nothing awaits approval")
+        waiting = self.s.awaiting_approval.value
+        if self._fixed(PATCH_APPROVE_RUNG) and rung != waiting:
+            # The operator approves what they saw: a rung the episode moved past or to since is not approved.
+            said = f"you approved {rung!r}" if rung else "no rung named"
+            raise ValueError(f"{said}, but {self.node} awaits approval to {waiting}: nothing approved "
+                             f"(gpuheal approve {self.node} {waiting})")
 
     @workflow.update
     def skip_to(self, rung: str, by: str = "") -> RemediationStatus:
@@ -126,6 +158,20 @@ class NodeRemediation(RungActions, RemediationSteps):
     def _validate_cancel(self, reason: str = "", by: str = "") -> None:
         self._require_active("cancel")
 
+    @workflow.update
+    def lift(self, reason: str = "", by: str = "") -> RemediationStatus:
+        """An operator lifts the hold on a node an earlier episode left quarantined: it is uncordoned."""
+        self.s.lifted_by, self.s.lift_reason = by[:200], reason[:300]
+        self._asked("lift", by, reason)
+        return self.status()
+
+    @lift.validator
+    def _validate_lift(self, reason: str = "", by: str = "") -> None:
+        if not self.s.held or self.s.stage is Stage.DONE:
+            raise ValueError("not held: nothing to lift")
+        if not by:
+            raise ValueError("say who lifts the hold")
+
     @workflow.query
     def status(self) -> RemediationStatus:
         s = self.s
@@ -138,7 +184,7 @@ class NodeRemediation(RungActions, RemediationSteps):
             validations=s.validations, boot_id=s.boot_id, run_ids=s.run_ids, agent_missing=s.agent_missing,
             implicated=s.implicated, policy_name=s.policy_name, policy_sha256=s.policy_sha256,
             cluster=self.inp.cluster, lease_requested=s.lease_requested, admission=s.admission,
-            waiting=self._waiting_for(),
+            waiting=self._waiting_for(), held=s.held,
         )
 
     def _waiting_for(self) -> str:
@@ -146,12 +192,14 @@ class NodeRemediation(RungActions, RemediationSteps):
         s = self.s
         if s.stage is Stage.DONE:
             return ""
+        if s.held:
+            return f"a person: {s.held} (gpuheal lift {self.node})"
         if s.paused:
             return f"resume: paused ({s.pause_reason})"
         if s.admission == "deferred":
             return f"room to quarantine: {s.admission_reason}"
         if s.awaiting_approval is not None:
-            return f"approval to {s.awaiting_approval.value} (gpuheal approve {self.node})"
+            return f"approval to {s.awaiting_approval.value} (gpuheal approve {self.node} {s.awaiting_approval.value})"
         if s.lease_requested and not s.lease_held:
             return "a disruption lease from the fleet guard"
         if s.stage is Stage.PROBATION:
@@ -189,20 +237,33 @@ class NodeRemediation(RungActions, RemediationSteps):
         # Every patch is decided before the first local activity of a run: on replay, a patch
         # marker after a local activity's marker in one workflow task is a nondeterminism error.
         self._bounded(), self._no_harm(), self._local_cluster_calls(), self._guard_admission()
+        self._profiles = workflow.patched(PATCH_NODE_PROFILES)
+        self._lease_backoff = workflow.patched(PATCH_LEASE_BACKOFF)
+        workflow.patched(PATCH_LOAD_VALIDATION), workflow.patched(PATCH_SUSPECT_LOAD_TEST)  # read where used
+        self._trusted_intake(), self._identity(), self._holds(), self._sticky()
         if workflow.info().continued_run_id and self.s.policy_sha256:
             return
         snap = await take_controller_policy(self.node)
         trusted = {"policy": snap.policy, "state": None, "expected_gpus": None,
                    "guard_task_queue": workflow.info().task_queue}
+        if self._identity():
+            # The controller's cluster (so its guard and budget) and history limit, not the sender's.
+            trusted |= {"node": self.node, "history_limit": snap.policy.history_limit,
+                        "cluster": snap.cluster or self.inp.cluster}
         ignored = ignored_fields(self.inp, trusted) if not workflow.info().continued_run_id else []
         self.inp = self.inp.model_copy(update=trusted)
         self.policy = snap.policy
         self.s.policy_name, self.s.policy_sha256 = snap.name, snap.sha256
+        self.s.profile = snap.profile or ""  # the outcome ledger's --by profile
         self._record("policy", *policy_taken(snap, ignored))
 
     async def _triage(self) -> None:
         report = self.s.latest
         if self._no_harm() and not await self._node_is_ours():
+            return
+        if self._holds() and await self._held_for_a_person():
+            return
+        if self._sticky() and await self._conditions_already_handled(report):
             return
         t = classify(report.findings, self.inp.generation, self.policy)
         self.s.triage = t
@@ -216,6 +277,9 @@ class NodeRemediation(RungActions, RemediationSteps):
         self._upsert(*found)
         self._record("triage", f"triage {self.node}", True,
                      f"{t.fault_class} ({t.attribution}, {t.severity}): start at {t.start_rung.value}; {t.reason}")
+        if self._profiles and self.policy.observe:
+            return self._finish(Outcome.OBSERVED, f"observe mode ({self.policy.name}): would start at "
+                                                  f"{t.start_rung.value} ({t.fault_class}); nothing done")
         self.s.next_rung = t.start_rung
         if t.attribution == "platform":
             # Cordon first: it is safe, needs no budget, and every second counts for the jobs.
@@ -230,6 +294,11 @@ class NodeRemediation(RungActions, RemediationSteps):
     async def _climb_one_rung(self) -> None:
         rung = self.s.skip_to or self.s.next_rung
         self.s.skip_to = None
+        if rung is Rung.KILL and not self._gpus() and self._fixed(PATCH_KILL_IMPLICATED):
+            # "Every GPU" would kill other tenants' jobs for one that cannot be located.
+            return await self._leave_for_a_person(
+                f"kill: {self._fault_label()} names no GPU of {self.node} (its bus id maps to none): nothing "
+                "killed, other tenants' jobs untouched; cordoned for a person")
         if rung.disruptive:
             await self._quarantine()
             if self._quarantine_withheld() or not self._cordon_holds():
@@ -252,6 +321,9 @@ class NodeRemediation(RungActions, RemediationSteps):
             await self._acquire_lease()  # a long pause gave it back
             if self._steered():
                 return
+        if rung.disruptive and self._suspect_pending():
+            if await self._suspect_cleared() or self.s.stage is Stage.DONE:
+                return
         self.s.rungs_tried.append(rung)
         self.s.attempts[rung.value] = self.s.attempts.get(rung.value, 0) + 1
         acted = await self._act(rung)
@@ -267,6 +339,8 @@ class NodeRemediation(RungActions, RemediationSteps):
             self.s.fixed_by = rung
             return self._set_stage(Stage.RETURN if self.s.quarantined else Stage.PROBATION)
         self.s.next_rung = rung.above()
+        if self.s.agent_missing and (why := self._agent_missing_stops(rung)):
+            return await self._leave_for_a_person(why)
         if self.s.agent_missing and rung is not Rung.REBOOT:
             # Without its agent nothing node-local can run: reboot through the cloud API and wait for it.
             self.s.next_rung = Rung.REBOOT
@@ -317,7 +391,10 @@ class NodeRemediation(RungActions, RemediationSteps):
                 node=self.node, episode=self._episode(), hardware_ids=self.s.hardware_ids,
                 fault_class=self.s.triage.fault_class, attribution=self.s.triage.attribution,
                 rungs=[r.value for r in self.s.rungs_tried], outcome=self.s.outcome.value,
-                started_at=self.s.started_at, ended_at=workflow.now()), None,
+                started_at=self.s.started_at, ended_at=workflow.now(),
+                boards=self.s.implicated if self._fixed(PATCH_REPEAT_PER_BOARD) else [],
+                **(outcome_fields(self.s, self.inp.generation.value, workflow.now())
+                   if workflow.patched(PATCH_OUTCOME_LEDGER) else {})), None,
                 f"record {self.node}'s episode in the ledger")
 
     async def _continue_as_new_if_due(self) -> None:

@@ -12,11 +12,14 @@ from workflows import metrics
 with workflow.unsafe.imports_passed_through():
     from activities import contracts as c
     from policies.classify import Triage
-    from policies.findings import HealthReport
+    from policies.findings import HealthReport, condition_since
     from policies.model import Rung
     from workflows.calls import call_or_none
     from workflows.lease import GuardClient
-    from workflows.remediation_types import Outcome, Stage
+    from workflows.remediation_types import PATCH_APPROVAL_NO_LEASE, PATCH_REPEAT_PER_BOARD, Outcome, Stage
+
+
+HOLD_RECHECK = timedelta(hours=1)  # how often a held node's taint is looked at again
 
 
 class RemediationSteps(GuardClient):
@@ -26,9 +29,53 @@ class RemediationSteps(GuardClient):
         found = await self._kube(c.KUBE_CHECK_NODE, c.NodeCheckRequest(node=self.node), c.NodeCheckResult,
                                  f"check {self.node} is a GPU node of this cluster")
         if found is None or (found.exists and found.ours):
+            if found is not None and self._holds():
+                self.s.held = (f"{self.node} still carries {c.QUARANTINE_TAINT}={found.quarantined} from an earlier "
+                               "episode: held for a person" if found.quarantined else "")
             return True
         self._finish(Outcome.REJECTED, f"rejected: {found.reason}")
         return False
+
+    async def _held_for_a_person(self) -> bool:
+        """A node an earlier episode left quarantined stays so whatever is re-sent: reports are
+        recorded, nothing is done, until an operator lifts the hold (`gpuheal lift NODE`, recorded
+        with who) or someone removes the taint (checked again every HOLD_RECHECK). True: still held."""
+        if not self.s.held:
+            return False
+        if not any(a.step == "hold" for a in self.s.actions[-3:]):
+            self._record("hold", f"{self.node} held for a person", True, self.s.held)
+        try:
+            await workflow.wait_condition(lambda: self.s.lifted_by is not None or self.s.cancel_reason is not None,
+                                          timeout=HOLD_RECHECK, timeout_summary=f"a person to lift {self.node}'s hold")
+        except TimeoutError:
+            return True  # the triage asks the API server again
+        if self.s.lifted_by is None:
+            return True  # cancelled: the run loop ends the episode
+        done = await self._kube(c.KUBE_RETURN_TO_SERVICE, c.ReturnToServiceRequest(
+            node=self.node, reason=f"hold lifted by {self.s.lifted_by}"), c.ReturnToServiceResult,
+            f"uncordon {self.node}: hold lifted by {self.s.lifted_by}")
+        self.s.held = ""
+        if done is None:
+            self._finish(Outcome.QUARANTINED, f"hold lifted by {self.s.lifted_by} ({self.s.lift_reason}), but the "
+                         f"uncordon failed ({self.s.actions[-1].detail}): the node stays cordoned for a person")
+        else:
+            self._finish(Outcome.HEALTHY, f"hold lifted by {self.s.lifted_by} ({self.s.lift_reason}): back in service")
+        return True
+
+    async def _conditions_already_handled(self, report: HealthReport) -> bool:
+        """A report of node conditions only, each set before this node's last recorded episode
+        started: a sticky condition re-sent (another watcher replica, a restarted one). Nothing is done."""
+        since = [condition_since(f.event_id) for f in report.findings]
+        if not since or any(t is None for t in since):
+            return False
+        last = (await self._ledger(c.LEDGER_LAST_STARTED, c.LastStartedRequest(
+            node=self.node, exclude_episode=self._episode()), c.LastStartedResult,
+            f"when {self.node}'s last episode started")).started_at
+        if last is None or max(since) >= last:
+            return False
+        self._finish(Outcome.HEALTHY, f"only node conditions set before {self.node}'s last episode started "
+                     f"({last:%Y-%m-%dT%H:%M:%SZ}): a re-send, not a new fault; nothing done")
+        return True
 
     async def _quarantine(self) -> None:
         if self.s.quarantined:
@@ -64,16 +111,28 @@ class RemediationSteps(GuardClient):
                      "nothing disruptive done; a person must cordon or fix access")
         return False
 
+    async def _leave_for_a_person(self, reason: str) -> None:
+        """The ladder has no evidence to go on: cordoned (safe, no budget) and left for a person, with why."""
+        await self._quarantine()
+        if self._quarantine_withheld() or not self._cordon_holds():
+            return
+        self._finish(Outcome.QUARANTINED, reason)
+
     async def _is_repeat_offender(self) -> bool:
         ro = self.policy.repeat_offender
+        # Per board: the hardware a probe implicated, not every id of the node (a fault on each of
+        # three GPUs is three boards once each, not one node three times).
+        by_board = self._fixed(PATCH_REPEAT_PER_BOARD)
+        ids = self.s.implicated if by_board else self.s.hardware_ids
         if not self.s.hardware_ids:
-            return False
+            return False  # asked whenever the node named hardware, as before (recorded histories)
         count = await self._ledger(c.LEDGER_COUNT_RECENT, c.CountRecentRequest(
-            hardware_ids=self.s.hardware_ids, window_s=ro.window.total_seconds(), exclude_episode=self._episode()),
+            hardware_ids=ids, window_s=ro.window.total_seconds(), exclude_episode=self._episode(), by_board=by_board),
             int, f"count recent remediations of {self.node}'s hardware")
         if count is not None and count + 1 >= ro.threshold:
             self._record("triage", f"repeat offender {self.node}", True,
-                         f"{count} earlier remediations within {ro.window}: straight to replace")
+                         f"{count} earlier remediations of {'its board' if by_board else 'its hardware'} "
+                         f"({', '.join(ids[:2])}) within {ro.window}: straight to replace")
             return True
         return False
 
@@ -86,10 +145,12 @@ class RemediationSteps(GuardClient):
 
     async def _attribute_pods(self, t: Triage) -> None:
         pod_gpus = await self._pod_gpus() if t.gpus and self._no_harm() else None
-        await self._kube(c.KUBE_ATTRIBUTE_PODS, c.AttributePodsRequest(
+        marked = await self._kube(c.KUBE_ATTRIBUTE_PODS, c.AttributePodsRequest(
             node=self.node, attribution=t.attribution, fault=self._fault_label(), gpus=t.gpus, pod_gpus=pod_gpus,
             episode=self._episode(), dry_run=self.policy.dry_run),
             c.AttributePodsResult, f"mark pods on {self.node}: failure attribution {t.attribution}")
+        if marked is not None:  # the outcome ledger's interrupted pods (workflows/outcome.py)
+            self.s.pods_marked = sorted({*self.s.pods_marked, *marked.pods})[:200]
 
     async def _pod_gpus(self) -> dict[str, list[int]] | None:
         """Which pod runs on which GPU, from the node (None when the agent cannot say quickly)."""
@@ -105,6 +166,11 @@ class RemediationSteps(GuardClient):
         rp = self.policy.ladder.for_rung(rung)
         if not rp.requires_approval or rung in self.s.approved:
             return True
+        if (self.s.lease_held or self.s.lease_requested) and self._fixed(PATCH_APPROVAL_NO_LEASE):
+            # A person may take a day: the fleet's budget is not held meanwhile (taken again once approved).
+            await self._release_lease()
+            self._record("lease", f"gave back {self.node}'s disruption lease", True,
+                         f"while {rung.value} waits for approval; taken again once approved")
         self.s.awaiting_approval = rung
         self._set_details()
         steerable = self._no_harm()
@@ -134,6 +200,8 @@ class RemediationSteps(GuardClient):
             start_to_close=d.checkpoint_grace + d.deadline + timedelta(minutes=5), heartbeat=d.heartbeat_timeout,
         )
         self.s.drained = result is not None
+        if result is not None:
+            self.s.pods_evicted = sorted({*self.s.pods_evicted, *result.evicted, *result.forced})[:200]
         if not self._no_harm():
             return
         if result is None:

@@ -36,6 +36,41 @@ PATCH_BOUNDED_STATE = "bounded-state"
 # The guard admits quarantine (at most max_unhealthy cordoned), hears every ending, and lease
 # requests are re-sent while waiting (issue: never wedged).
 PATCH_GUARD_ADMISSION = "guard-admission"
+# Reports cannot steer intake: an undecodable one is recorded as rejected, a sequence is clamped to
+# the workflow's clock (one far ahead is rejected), a boot is retired only by the reboot the episode
+# asked for, and a report whose events were all heard is a duplicate (issue 22: 7, 9, 15d).
+PATCH_TRUSTED_INTAKE = "trusted-intake"
+# The node comes from the workflow id, the cluster and the history limit from the controller (issue 22: 9).
+PATCH_EPISODE_IDENTITY = "episode-identity"
+# A node an earlier episode left quarantined (it still carries gpuheal's taint) is held for a person:
+# a new episode on it records its reports and waits for an operator's `lift` (issue 22: 8).
+PATCH_QUARANTINE_HOLD = "quarantine-hold"
+# A report whose findings are only node conditions set before the node's last episode started (a
+# sticky condition re-sent by another watcher replica) starts nothing (issue 22: 7).
+PATCH_STICKY_CONDITIONS = "sticky-conditions"
+# Issue 22 (do no harm, second pass), one id per defect so each can be told apart in a history.
+PATCH_DRY_RUN_DENYLIST = "dry-run-no-denylist"  # 1: a dry run writes no denylist entry
+PATCH_AGENT_MISSING_TOP = "agent-missing-at-reboot"  # 2: no replace for an agent that did not come back
+PATCH_AGENT_BOOT = "agent-boot-ends-reboot"  # 2: only the node's agent from a new boot ends the reboot wait
+PATCH_KILL_IMPLICATED = "kill-implicated-only"  # 4: no GPU implicated, nothing killed
+PATCH_APP_AGENT_MISSING = "app-fault-agent-missing"  # 5: an application fault never reboots
+PATCH_APPROVAL_NO_LEASE = "approval-without-lease"  # 6: no lease held while a person decides
+PATCH_LEASE_REQUEST_IDS = "lease-request-ids"  # 12: a grant is taken only for the request outstanding
+PATCH_REPLACE_THEN_DENY = "replace-then-denylist"  # 13: denylist once the replacement is under way
+# 14 needed no workflow change (cloud.replace marks the Node, kube.check_node reads it): the id stays
+# decided, as main listed it for a while, so no history that carries its marker is left unmatched.
+PATCH_REPLACED_NODE = "replaced-node-done"
+PATCH_APPROVE_RUNG = "approve-names-rung"  # 15a: approve says which rung
+PATCH_REPEAT_PER_BOARD = "repeat-offender-per-board"  # 15b: repeat offenders counted per board
+ISSUE22_PATCHES = (PATCH_DRY_RUN_DENYLIST, PATCH_AGENT_MISSING_TOP, PATCH_AGENT_BOOT, PATCH_KILL_IMPLICATED,
+                   PATCH_APP_AGENT_MISSING, PATCH_APPROVAL_NO_LEASE, PATCH_LEASE_REQUEST_IDS, PATCH_REPLACE_THEN_DENY,
+                   PATCH_REPLACED_NODE, PATCH_APPROVE_RUNG, PATCH_REPEAT_PER_BOARD)
+# workflow.patched id: a profile's observe mode (record the triage, never cordon); admission records
+# the node's baseline and keeps an observed node untainted.
+PATCH_NODE_PROFILES = "node-profiles"
+# A waiting episode re-sends its lease request on a doubling interval (capped), not every
+# holder_check_interval: a long pause no longer grows each waiter's history without bound.
+PATCH_LEASE_BACKOFF = "lease-request-backoff"
 MAX_ACTIONS_KEPT = 200
 MAX_SEQ_SENDERS_KEPT = 32
 MAX_RUN_IDS_KEPT = 50
@@ -59,6 +94,7 @@ class Outcome(StrEnum):
     DRY_RUN = "dry_run"  # the policy's dry run: what would have been done is in the actions
     REJECTED = "rejected"  # the report named a node that does not exist or is not ours: nothing done
     FAILED = "failed"  # the cordon did not take: nothing disruptive done, the node needs a person
+    OBSERVED = "observed"  # the node's profile is in observe mode: the triage is recorded, nothing done
 
 
 class ActionRecord(BaseModel):
@@ -86,6 +122,7 @@ class RemediationState(BaseModel):
     latest: HealthReport | None = None
     first_report: HealthReport | None = None
     boot_id: str | None = None
+    agent_boot_id: str | None = Field(default=None, description="The boot the node's own agent last reported from.")
     seq_by_boot: dict[str, int] = Field(default_factory=dict, description="'<source>:<boot id>' -> last sequence")
     retired_boots: list[str] = Field(default_factory=list)
     duplicates: int = 0
@@ -100,6 +137,9 @@ class RemediationState(BaseModel):
     drained: bool = False
     lease_requested: bool = False
     lease_held: bool = False
+    lease_requests: int = Field(default=0, description="Lease requests made: each new one gets the next id.")
+    lease_request_id: str = Field(default="", description="The outstanding request's id (its grant must echo it).")
+    stray_grants: int = Field(default=0, description="Grants ignored: not for the request outstanding (late, duplicate).")
     guard_notified: bool = False
     validations: int = 0
     detect_to_cordon_ms: int | None = None
@@ -121,6 +161,13 @@ class RemediationState(BaseModel):
     policy_sha256: str = ""
     admission: str = Field(default="", description="'', asked, admitted or deferred: the guard's answer on quarantine.")
     admission_reason: str = ""
+    held: str = Field(default="", description="Why the node is held for a person (an earlier episode left it quarantined).")
+    lifted_by: str | None = Field(default=None, description="Who lifted the hold (the `lift` update's caller).")
+    lift_reason: str = ""
+    suspect_tested: bool = Field(default=False, description="A suspect node's load test before the ladder has run.")
+    pods_marked: list[str] = Field(default_factory=list, description="Pods the fault's attribution was marked on.")
+    pods_evicted: list[str] = Field(default_factory=list, description="Pods the drain evicted.")
+    profile: str = Field(default="", description="The node's profile the controller applied ('' for none).")
 
 
 class RemediationInput(BaseModel):
@@ -171,6 +218,7 @@ class RemediationStatus(BaseModel):
     lease_requested: bool = False
     admission: str = ""
     waiting: str = Field(default="", description="What the episode waits on now, in words.")
+    held: str = ""
 
 
 class RemediationResult(BaseModel):

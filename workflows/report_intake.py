@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from policies.classify import classify
 from policies.findings import Finding, HealthReport
-from policies.model import Generation, Policy
+from policies.model import Generation, Policy, Rung
 from workflows.remediation_types import (
     MAX_BOOTS_KEPT,
     MAX_REJECTED_KEPT,
@@ -28,6 +28,10 @@ MAX_EVENTS_KEPT = 256  # event ids an episode remembers (bounded: continue-as-ne
 # Temporal's 2 MB payload limit whatever a sender does.
 MAX_REPORT_BYTES = 64 * 1024
 MAX_REPORT_FINDINGS = 256
+# A sequence is a detector's wall clock in microseconds (or a small counter): one more than a day
+# ahead of the workflow's clock is no sequence, and none counts as later than the clock itself, so a
+# spoofed huge one cannot make the genuine sender's reports stale for longer than its clock skew.
+MAX_SEQ_AHEAD_US = 24 * 3600 * 10**6
 
 
 def report_bounds_problem(raw) -> str | None:
@@ -65,15 +69,17 @@ def fault_cleared(acted: list[Finding], latest: HealthReport | None) -> bool:
     the agent stops holding it; the fault it showed stays."""
     if latest is None or not latest.healthy or not acted:
         return False
-    return all(f.event_id is None and f.kind != "xid" for f in acted)
+    # A suspicion is no probed condition either: only the load test answers it.
+    return all(f.event_id is None and f.kind not in ("xid", "suspect") for f in acted)
 
 
 def take_report(s: RemediationState, raw: Any, *, node: str, generation: Generation, policy: Policy,
-                bounded: Callable[[], bool], no_harm: Callable[[], bool]) -> str | None:
+                bounded: Callable[[], bool], no_harm: Callable[[], bool],
+                trusted: Callable[[], bool] = lambda: False, now_us: int = 0) -> str | None:
     """Applies one report, as received, to the episode's state: the reason it was rejected, or
     None (accepted, or a duplicate counted). Anything wrong with it is a rejection, never an
-    exception. `bounded` and `no_harm` are the workflow's patch checks, asked only where they
-    apply (the order of patch markers is part of the history)."""
+    exception. `bounded`, `no_harm` and `trusted` are the workflow's patch checks, asked only where
+    they apply (the order of patch markers is part of the history); `now_us` is the workflow's clock."""
     if bounded() and (problem := report_bounds_problem(raw)) is not None:
         return problem
     try:
@@ -88,24 +94,41 @@ def take_report(s: RemediationState, raw: Any, *, node: str, generation: Generat
         return f"report for node {r.node!r} sent to {node!r}"
     if r.boot_id in s.retired_boots:
         return f"stale report from earlier boot {r.boot_id}"
+    strict = trusted()
+    if strict and r.seq > now_us + MAX_SEQ_AHEAD_US:
+        return f"sequence {r.seq} is more than a day ahead of the clock ({now_us} us): not a sequence"
     # Sequences are per sender and boot: the agent, a condition watcher and an operator each count their own.
     last = s.seq_by_boot.get(_seq_key(r))
     if last is not None and r.seq <= last:
-        if s.latest and r.seq == last and r.fingerprint() == s.latest.fingerprint():
+        if s.latest and (r.seq == last or strict) and r.fingerprint() == s.latest.fingerprint():
             s.duplicates += 1
             return None
         return f"stale sequence {r.seq} (already have {last} from {r.source} for boot {r.boot_id})"
-    _accept(s, r, generation, policy, bounded, no_harm)
+    if strict and _heard_before(r, s.seen_events):
+        # Two condition watchers (or a re-send) with the same events: counted once, whoever sent it.
+        s.duplicates += 1
+        s.seq_by_boot[_seq_key(r)] = min(r.seq, now_us)
+        return None
+    _accept(s, r, generation, policy, bounded, no_harm, strict, now_us)
     return None
 
 
+def _heard_before(r: HealthReport, seen: list[str]) -> bool:
+    """Every finding is an event the episode has already heard of."""
+    known = set(seen)
+    return bool(r.findings) and all(f.event_id is not None and f.event_id in known for f in r.findings)
+
+
 def _accept(s: RemediationState, r: HealthReport, generation: Generation, policy: Policy,
-            bounded: Callable[[], bool], no_harm: Callable[[], bool]) -> None:
-    if s.boot_id is not None and r.boot_id != s.boot_id:
+            bounded: Callable[[], bool], no_harm: Callable[[], bool], strict: bool = False, now_us: int = 0) -> None:
+    # Under trusted intake only the reboot the episode asked for retires a boot: a report naming
+    # another boot at any other time (a spoof, a watcher) cannot make the agent's reports stale.
+    retire = not strict or (bool(s.rungs_tried) and s.rungs_tried[-1] is Rung.REBOOT)
+    if s.boot_id is not None and r.boot_id != s.boot_id and retire:
         s.retired_boots = [*s.retired_boots, s.boot_id][-MAX_BOOTS_KEPT:]
         s.seq_by_boot = {k: v for k, v in s.seq_by_boot.items() if not k.endswith(f":{s.boot_id}")}
     s.boot_id = r.boot_id
-    s.seq_by_boot[_seq_key(r)] = r.seq
+    s.seq_by_boot[_seq_key(r)] = min(r.seq, now_us) if strict else r.seq
     if bounded() and len(s.seq_by_boot) > MAX_SEQ_SENDERS_KEPT:
         # Dicts keep insertion order: the senders heard from longest ago go first.
         s.seq_by_boot = dict(list(s.seq_by_boot.items())[-MAX_SEQ_SENDERS_KEPT:])

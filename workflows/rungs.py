@@ -13,8 +13,16 @@ with workflow.unsafe.imports_passed_through():
     from policies.model import Rung, RungPolicy
     from workflows.calls import agent_gone, call_or_none, cause
     from workflows.lease import GuardClient
-    from workflows.remediation_types import Outcome
-    from workflows.validation import AgentMissing, validate_once, validate_twice
+    from workflows.remediation_types import (
+        PATCH_AGENT_BOOT,
+        PATCH_AGENT_MISSING_TOP,
+        PATCH_APP_AGENT_MISSING,
+        PATCH_DRY_RUN_DENYLIST,
+        PATCH_KILL_IMPLICATED,
+        PATCH_REPLACE_THEN_DENY,
+        Outcome,
+    )
+    from workflows.validation import PATCH_LOAD_VALIDATION, AgentMissing, validate_once, validate_twice
 
 
 class RungActions(GuardClient):
@@ -36,48 +44,89 @@ class RungActions(GuardClient):
             self._record(rung.value, summary, False, cause(err))
             return False
 
+    def _agent_missing_stops(self, rung: Rung) -> str:
+        """Why a missing agent ends the ladder after `rung` ('' where a reboot may still bring it back):
+        an agent that is gone says nothing about the hardware, so it is never evidence to climb on."""
+        gone = f"agent_missing: no agent on {self.node} ran the work after {rung.value}"
+        if rung is Rung.KILL and self._fixed(PATCH_APP_AGENT_MISSING):
+            return (f"{gone}; an application fault is no reason to reboot the machine: "
+                    "it stays cordoned for a person")
+        if rung.rank >= Rung.REBOOT.rank and self._fixed(PATCH_AGENT_MISSING_TOP):
+            return (f"{gone}, though it rebooted; no evidence about the hardware, so nothing is replaced "
+                    "or denylisted: it stays quarantined for a person")
+        return ""
+
     async def _kill(self, summary: str, key: str, rp: RungPolicy) -> bool:
-        await self._stop_gpu_processes(summary, rp)
-        return await self._settle(Rung.KILL, summary, rp)
+        result = await self._stop_gpu_processes(summary, rp, whole_node=False)
+        return await self._settle(Rung.KILL, summary, rp, "; ".join(result.spared[:3]))
 
     async def _reset(self, summary: str, key: str, rp: RungPolicy) -> bool:
-        await self._stop_gpu_processes(f"stop GPU processes on {self.node} before reset", rp)
+        await self._stop_gpu_processes(f"stop GPU processes on {self.node} before reset", rp, whole_node=True)
         await self._node_activity(c.NODE_RESET, c.ResetRequest(node=self.node, gpus=self._gpus(), dry_run=self.policy.dry_run),
                                   c.ResetResult, summary, rp)
         return await self._settle(Rung.RESET, summary, rp)
 
-    async def _stop_gpu_processes(self, summary: str, rp: RungPolicy) -> None:
-        await self._node_activity(c.NODE_KILL, c.KillRequest(node=self.node, gpus=self._gpus(), dry_run=self.policy.dry_run),
-                                  c.KillResult, summary, rp)
+    async def _stop_gpu_processes(self, summary: str, rp: RungPolicy, whole_node: bool) -> c.KillResult:
+        """The implicated GPUs' processes (MIG: the implicated instances'); every GPU's only on a
+        drained node before a whole-node reset. Before kill-implicated-only, no GPU meant every GPU."""
+        gpus = self._gpus()
+        every = not gpus and (whole_node or not self._fixed(PATCH_KILL_IMPLICATED))
+        mig = self._mig_targets() if self._fixed(PATCH_KILL_IMPLICATED) else []
+        return await self._node_activity(c.NODE_KILL, c.KillRequest(node=self.node, gpus=gpus, all_gpus=every, mig=mig,
+                                                                    dry_run=self.policy.dry_run),
+                                         c.KillResult, summary, rp)
 
-    async def _settle(self, rung: Rung, summary: str, rp: RungPolicy) -> bool:
-        self._record(rung.value, summary, True, self._take_drain_note())
+    def _mig_targets(self) -> list[c.MigTarget]:
+        """The MIG instances the acted-on findings name (NVML's Xid events carry them)."""
+        t = self.s.triage
+        found = {(v.finding.gpu_index, v.finding.gpu_instance_id, v.finding.compute_instance_id)
+                 for v in (t.verdicts if t else []) if v.rung is not None and v.finding.gpu_index is not None
+                 and v.finding.gpu_instance_id is not None}
+        return [c.MigTarget(gpu_index=g, gpu_instance_id=gi, compute_instance_id=ci) for g, gi, ci in sorted(
+            found, key=lambda x: (x[0], x[1], -1 if x[2] is None else x[2]))]
+
+    async def _settle(self, rung: Rung, summary: str, rp: RungPolicy, note: str = "") -> bool:
+        self._record(rung.value, summary, True, "; ".join(x for x in (note, self._take_drain_note()) if x))
         await workflow.sleep(max(rp.return_timeout, timedelta(milliseconds=1)),
                              summary=f"let {self.node} settle after {rung.value}")
         return True
 
     async def _replace(self, summary: str, key: str, rp: RungPolicy) -> bool:
-        await self._denylist()
-        await self._cloud(c.CLOUD_REPLACE, c.ReplaceRequest(
+        after = self._fixed(PATCH_REPLACE_THEN_DENY)
+        if not after:
+            await self._denylist()
+        done = await self._cloud(c.CLOUD_REPLACE, c.ReplaceRequest(
             node=self.node, idempotency_key=key, mode=self.policy.replacement,
             ownership_tag=self.policy.ownership_tag, dry_run=self.policy.dry_run), c.ReplaceResult, summary, rp)
-        self._record(Rung.REPLACE.value, summary, True, self._take_drain_note())
+        if after:
+            # Only once the replacement is under way: a failed one leaves the node quarantined for a
+            # person with its hardware not (yet) refused anywhere else.
+            await self._denylist()
+        hook = f"Auto Scaling lifecycle {done.lifecycle_state}" if after and done.lifecycle_state else ""
+        self._record(Rung.REPLACE.value, summary, True, "; ".join(x for x in (hook, self._take_drain_note()) if x))
         return True
 
     async def _reboot(self, summary: str, key: str, rp: RungPolicy) -> bool:
         """Reboot through the cloud API; back when the agent reports from a new boot. If it never
         does, the kubelet's boot id tells a machine that rebooted (its agent is what is missing)
         from one that did not come back."""
-        before = self.s.boot_id
+        before, agent_before = self.s.boot_id, self.s.agent_boot_id
         no_harm, dry = self._no_harm(), self.policy.dry_run
         sent = await self._cloud(c.CLOUD_REBOOT, c.RebootRequest(node=self.node, idempotency_key=key, dry_run=dry,
-                                                                 ownership_tag=self.policy.ownership_tag),
+                                                                 ownership_tag=self.policy.ownership_tag,
+                                                                 boot_wait_s=rp.return_timeout.total_seconds()),
                                  c.RebootResult, summary, rp)
         kubelet_before = sent.from_boot
         self._record(Rung.REBOOT.value, summary, True,
                      "; ".join(x for x in ("reboot sent; waiting for a report from a new boot", self._take_drain_note()) if x))
+        back = lambda: self.s.boot_id != before  # noqa: E731
+        if self._fixed(PATCH_AGENT_BOOT):
+            # Only the node's own agent from a new boot says it is back (a condition watcher's report
+            # carries the kubelet's new boot id before any agent runs): validation needs the agent.
+            old_boots = {before, agent_before, kubelet_before} - {None}
+            back = lambda: self.s.agent_boot_id is not None and self.s.agent_boot_id not in old_boots  # noqa: E731
         try:
-            await workflow.wait_condition(lambda: self.s.boot_id != before or (no_harm and self._steered()),
+            await workflow.wait_condition(lambda: back() or (no_harm and self._steered()),
                                           timeout=rp.return_timeout,
                                           timeout_summary=f"wait for {self.node} to come back from reboot")
         except TimeoutError:
@@ -91,7 +140,7 @@ class RungActions(GuardClient):
                     self._finish(Outcome.QUARANTINED, f"agent_missing: {came_back} but no agent reported from "
                                  f"{self.node}; no evidence about the hardware, so it stays quarantined for a person")
             return False
-        if self.s.boot_id == before:
+        if not back():
             return False  # steered away while waiting
         self.s.agent_missing = False
         self._record(Rung.REBOOT.value, f"{self.node} back from reboot", True, f"boot id {self.s.boot_id}")
@@ -106,6 +155,10 @@ class RungActions(GuardClient):
     async def _denylist(self) -> None:
         """Only hardware a probe on the node implicated goes on the denylist, never every id a report listed."""
         ids = self.s.implicated if self._no_harm() else self.s.hardware_ids
+        if self.policy.dry_run and self._fixed(PATCH_DRY_RUN_DENYLIST):
+            # The denylist is permanent (it refuses or terminates the hardware at admission): a dry run only says it.
+            return self._record("denylist", f"would denylist hardware of {self.node}", True,
+                                f"dry run: {', '.join(ids) or 'nothing implicated'}")
         if not ids and self._no_harm():
             return self._record("denylist", f"denylist hardware of {self.node}", True,
                                 "no probe implicated any hardware: nothing denylisted")
@@ -128,8 +181,9 @@ class RungActions(GuardClient):
                                          self._record, self.policy.dry_run, strict)
                 self.s.validations += int(ok)
                 return ok
+            tiers = ("quick", "repair") if workflow.patched(PATCH_LOAD_VALIDATION) else (None, None)
             passed = await validate_twice(self.node, self.policy.validation, self.inp.expected_gpus, self._record,
-                                          self.policy.dry_run, strict)
+                                          self.policy.dry_run, strict, tiers)
         except AgentMissing:
             self.s.agent_missing = True
             return False

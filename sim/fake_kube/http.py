@@ -11,6 +11,7 @@ from urllib.parse import parse_qs, urlparse
 from sim.fake_kube.errors import ApiError
 from sim.fake_kube.selectors import field_matches, label_matches
 from sim.fake_kube.store import API_VERSION, KIND_BY_PLURAL, FakeKube
+from sim.fake_kube.table import table, wants_table
 from sim.local_http import LocalHttpServer
 
 # --- discovery -----------------------------------------------------------------------------------
@@ -113,12 +114,16 @@ class _Handler(BaseHTTPRequestHandler):
         if kind == "Namespace" and ns and not name:
             name, ns = ns, None
         k = self.kube
+        as_table = verb == "GET" and not sub and wants_table(self.headers.get("Accept"))
         if verb == "GET" and name:
-            return self._send(200, k.get(kind, ns or "", name))
+            obj = k.get(kind, ns or "", name)
+            return self._send(200, table(kind, [obj]) if as_table else obj)
         if verb == "GET":
             if (q.get("watch") or "").lower() in ("true", "1"):
-                return self._watch(kind, ns, q)
+                return self._watch(kind, ns, q, as_table)
             items = k.list(kind, ns, q.get("labelSelector"), q.get("fieldSelector"))
+            if as_table:
+                return self._send(200, table(kind, items, str(k.rv)))
             return self._send(200, {"kind": f"{kind}List", "apiVersion": API_VERSION[kind],
                                     "metadata": {"resourceVersion": str(k.rv)}, "items": items})
         if verb == "POST" and sub == "eviction":
@@ -134,7 +139,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(200, k.delete(kind, ns or "", name, int(grace) if grace is not None else None))
         raise ApiError(405, "MethodNotAllowed", f"{verb} not supported on {path}")
 
-    def _watch(self, kind: str, ns: str | None, q: dict) -> None:
+    def _watch(self, kind: str, ns: str | None, q: dict, as_table: bool = False) -> None:
         k = self.kube
         since = int(q.get("resourceVersion") or k.rv)
         deadline = time.monotonic() + float(q.get("timeoutSeconds") or 30)
@@ -166,7 +171,7 @@ class _Handler(BaseHTTPRequestHandler):
                             k.changed.wait(timeout=min(0.5, max(0.0, deadline - time.monotonic())))
                             continue
                     for rv, t, o in fresh:
-                        chunk({"type": t, "object": o})
+                        chunk({"type": t, "object": table(kind, [o]) if as_table else o})
                         since = rv
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()

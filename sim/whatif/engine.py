@@ -8,6 +8,7 @@ same faults, drawn from the model with one seed.
 from __future__ import annotations
 
 import asyncio
+import json
 import multiprocessing as mp
 import os
 import queue
@@ -27,11 +28,15 @@ from temporalio.worker import Worker
 
 from activities import contracts as c
 from activities.contracts import remediation_workflow_id
+from activities.outcomes import figures
 from policies.loader import load_policy
 from policies.model import Policy
 from sim.whatif.clock import ClockEvent, ClockInput, WhatIfClock, clock_workflow_id
-from sim.whatif.faultmodel import FaultModel, draw_faults
+from sim.whatif.faultmodel import FaultDraw, FaultModel, draw_faults
 from sim.whatif.fleet import WhatIfFleet
+from sim.whatif.jobs import JobOutcome, simulate_jobs
+from sim.whatif.outages import fleet_outages
+from sim.whatif.workload import WorkloadModel
 from workers.embedded_temporal import binary, register_search_attributes
 from workflows.fleet_guard import FleetGuard
 from workflows.node_admission import NodeAdmission
@@ -87,6 +92,11 @@ class PolicyOutcome(BaseModel):
     availability_by_hour: list[float] = Field(default_factory=list)
     events_per_episode: float | None = None
     wall_s: float = 0.0
+    mttr_h: float | None = Field(default=None, description="Mean time from a fault to its slot back in service, hours.")
+    failed_again_7d: int = Field(default=0, description="Repaired nodes with another platform episode within 7 days.")
+    failed_again_30d: int = 0
+    node_hours_lost_by_phase: dict[str, float] = Field(default_factory=dict)
+    jobs: list[JobOutcome] = Field(default_factory=list, description="Each workload's jobs on this run's outages.")
 
 
 def _quiet_runtime() -> Runtime:
@@ -105,7 +115,7 @@ def _p95(values: list[float]) -> float | None:
     return v[min(len(v) - 1, int(round(0.95 * (len(v) - 1))))]
 
 
-def summarize(fleet: WhatIfFleet, label: str, days: float) -> PolicyOutcome:
+def summarize(fleet: WhatIfFleet, label: str, days: float, workloads: list[WorkloadModel] = ()) -> PolicyOutcome:
     """Every figure from the slots' out-of-service intervals and the stand-ins' counts, rounded so
     that the sub-second jitter of a real-time run never shows."""
     end = days * 86400.0
@@ -133,6 +143,10 @@ def summarize(fleet: WhatIfFleet, label: str, days: float) -> PolicyOutcome:
         episodes["running"] = len(fleet.open_episodes)
     k = fleet.calls
     p95 = _p95(returns)
+    books = figures(fleet.records)
+    outages = fleet_outages(fleet, fleet.policy) if workloads else []
+    jobs = [simulate_jobs(w, outages, fleet.nodes_count, days, fleet.model.durations.detect.total_seconds())
+            for w in workloads]
     return PolicyOutcome(
         policy=label, nodes=fleet.nodes_count, days=days,
         availability=round(1 - lost / total_h, 6), node_hours=round(total_h, 1), node_hours_lost=round(lost, 1),
@@ -143,12 +157,15 @@ def summarize(fleet: WhatIfFleet, label: str, days: float) -> PolicyOutcome:
         denylisted_nodes=len(fleet.denylisted_nodes), jobs_interrupted=fleet.jobs_interrupted,
         p95_return_h=None if p95 is None else round(p95, 2),
         availability_by_hour=[round(1 - s / (fleet.nodes_count * 3600.0), 5) for s in lost_h],
+        mttr_h=round(sum(returns) / len(returns), 3) if returns else None, failed_again_7d=books["failed_again_7d"], failed_again_30d=books["failed_again_30d"],
+        node_hours_lost_by_phase=books["node_hours_lost_by_phase"], jobs=jobs,
     )
 
 
 async def simulate_policy(model: FaultModel, policy_arg: str, nodes: int, days: float, seed: int,
-                          progress=None, count_events: bool = False) -> PolicyOutcome:
-    """One policy against the model's faults on a fresh time-skipping server."""
+                          progress=None, count_events: bool = False, workloads: list[WorkloadModel] = (),
+                          faults: list[FaultDraw] | None = None) -> PolicyOutcome:
+    """One policy against the model's faults (or `faults`, a ledger's replayed) on a fresh time-skipping server."""
     started = time.monotonic()
     label, policy = resolve_policy(policy_arg)
     env = await WorkflowEnvironment.start_time_skipping(
@@ -157,7 +174,7 @@ async def simulate_policy(model: FaultModel, policy_arg: str, nodes: int, days: 
     try:
         await register_search_attributes(env.client)
         t0 = await env.get_current_time()
-        faults = draw_faults(model, nodes, days, seed)
+        faults = draw_faults(model, nodes, days, seed) if faults is None else faults
         fleet = WhatIfFleet(env.client, TASK_QUEUE, policy, model, faults, nodes, t0, env.get_current_time, seed)
         detect = model.durations.detect.total_seconds()
         clock_in = ClockInput(t0=t0, end_s=days * 86400.0, events=[
@@ -185,7 +202,7 @@ async def simulate_policy(model: FaultModel, policy_arg: str, nodes: int, days: 
                         f"{STALL_S:.0f} s: a workflow no longer gets tasks (a timer and a signal at one "
                         "instant; see sim/whatif/clock.off_grid); run again with another --seed") from None
             await handle.result()
-            out = summarize(fleet, label, days)
+            out = summarize(fleet, label, days, list(workloads))
             if count_events:
                 out.events_per_episode = await _events_per_episode(env, fleet)
             await fleet.stop_workers()
@@ -205,14 +222,16 @@ async def _events_per_episode(env: WorkflowEnvironment, fleet: WhatIfFleet) -> f
 
 
 def _child(model_json: str, policy_arg: str, nodes: int, days: float, seed: int, index: int, shared, results,
-           count_events: bool) -> None:
+           count_events: bool, workloads_json: str = "[]", faults_json: str | None = None) -> None:
     def progress(frac: float) -> None:
         shared[index] = frac
     os.setpgrp()  # its own process group, with its test server: the parent can stop both (_stop)
     os.dup2(2, 1)  # the parent's stdout is for its table or JSON document
     try:
         model = FaultModel.model_validate_json(model_json)
-        out = asyncio.run(simulate_policy(model, policy_arg, nodes, days, seed, progress, count_events))
+        workloads = [WorkloadModel.model_validate(w) for w in json.loads(workloads_json)]
+        faults = [FaultDraw.model_validate(f) for f in json.loads(faults_json)] if faults_json else None
+        out = asyncio.run(simulate_policy(model, policy_arg, nodes, days, seed, progress, count_events, workloads, faults))
         results.put((index, out.model_dump_json(), None))
     except BaseException as err:  # noqa: BLE001 - said by the parent, with the policy's name
         results.put((index, None, f"{type(err).__name__}: {err}"))
@@ -224,7 +243,8 @@ def _child(model_json: str, policy_arg: str, nodes: int, days: float, seed: int,
 
 
 def run_whatif(model: FaultModel, policies: list[str], nodes: int, days: float, seed: int,
-               on_progress=None, count_events: bool = False, jobs: int | None = None) -> list[PolicyOutcome]:
+               on_progress=None, count_events: bool = False, jobs: int | None = None,
+               workloads: list[WorkloadModel] = (), faults: list[FaultDraw] | None = None) -> list[PolicyOutcome]:
     """Every policy, each in its own process, at most `jobs` (default: the cores) at once."""
     for arg in policies:
         resolve_policy(arg)  # a bad policy file is refused before anything starts
@@ -237,12 +257,18 @@ def run_whatif(model: FaultModel, policies: list[str], nodes: int, days: float, 
     done: dict[int, PolicyOutcome] = {}
     errors: list[str] = []
     model_json = model.model_dump_json()
+    for w in workloads:
+        if w.nodes_needed > nodes:
+            raise WhatIfError(f"workload {w.name} needs {w.nodes_needed} nodes (its gangs and spare_nodes), "
+                              f"the fleet has {nodes}")
+    extra = (json.dumps([w.model_dump(mode="json") for w in workloads]),
+             json.dumps([f.model_dump() for f in faults]) if faults is not None else None)
     try:
         while pending or running:
             while pending and len(running) < jobs:
                 i, arg = pending.pop(0)
                 p = ctx.Process(target=_child, daemon=True,
-                                args=(model_json, arg, nodes, days, seed, i, shared, results, count_events))
+                                args=(model_json, arg, nodes, days, seed, i, shared, results, count_events, *extra))
                 p.start()
                 running[i] = p
             try:

@@ -96,21 +96,27 @@ class FaultModelError(ValueError):
         super().__init__(f"{source}: " + "; ".join(problems))
 
 
-def load_fault_model(path: str | Path) -> FaultModel:
-    """A fault model file, or the name of a shipped one (sim/faultmodels/NAME.yaml)."""
+def load_yaml_model(path: str | Path, shipped: Path, cls: type, error: type):
+    """A YAML file (or the name of a shipped one under `shipped`) as `cls`; `error(source, problems)`
+    names each bad key. The fault model's loader, and the workload's (workload.py)."""
     p = Path(path)
-    if not p.exists() and (BUILTIN_MODELS / f"{path}.yaml").exists():
-        p = BUILTIN_MODELS / f"{path}.yaml"
+    if not p.exists() and (shipped / f"{path}.yaml").exists():
+        p = shipped / f"{path}.yaml"
     try:
         data = yaml.safe_load(p.read_text())
     except OSError as err:
-        raise FaultModelError(str(p), [f"(file): cannot read: {err.strerror}"]) from None
+        raise error(str(p), [f"(file): cannot read: {err.strerror}"]) from None
     except yaml.YAMLError as err:
-        raise FaultModelError(str(p), [f"(file): not valid YAML: {err}"]) from None
+        raise error(str(p), [f"(file): not valid YAML: {err}"]) from None
     try:
-        return FaultModel.model_validate(data)
+        return cls.model_validate(data)
     except ValidationError as err:
-        raise FaultModelError(str(p), describe_validation_error(err)) from None
+        raise error(str(p), describe_validation_error(err)) from None
+
+
+def load_fault_model(path: str | Path) -> FaultModel:
+    """A fault model file, or the name of a shipped one (sim/faultmodels/NAME.yaml)."""
+    return load_yaml_model(path, BUILTIN_MODELS, FaultModel, FaultModelError)
 
 
 class FaultDraw(BaseModel):

@@ -308,6 +308,11 @@ class WhatIfFleet:
     async def gpu_pods(self, req: c.GpuPodsRequest) -> c.GpuPodsResult:
         return c.GpuPodsResult(pod_gpus={})
 
+    @activity.defn(name=c.NODE_INVENTORY)
+    async def inventory(self, req: c.InventoryRequest) -> c.InventoryResult:
+        """The what-if models no hardware inventory: admission records no baseline (it says so)."""
+        return c.InventoryResult(inventory=None)
+
     @activity.defn(name=c.NODE_VALIDATE)
     async def validate(self, req: c.ValidateRequest) -> c.ValidationResult:
         n = self._node(req)
@@ -327,11 +332,17 @@ class WhatIfFleet:
     async def count_recent(self, req: c.CountRecentRequest) -> int:
         ids, since = set(req.hardware_ids), self.at(await self.now()) - timedelta(seconds=req.window_s)
         return sum(1 for r in self.records
-                   if ids & set(r.hardware_ids) and r.episode != req.exclude_episode and r.ended_at >= since)
+                   if ids & set(r.boards if req.by_board else r.hardware_ids) and r.episode != req.exclude_episode
+                   and r.ended_at >= since)
 
     @activity.defn(name=c.LEDGER_CHECK_DENIED)
     async def check_denied(self, req: c.CheckDeniedRequest) -> c.CheckDeniedResult:
         return c.CheckDeniedResult(denied={i: self.denylist[i] for i in req.hardware_ids if i in self.denylist})
+
+    @activity.defn(name=c.LEDGER_BASELINE)
+    async def sku_baseline(self, req: c.BaselineRequest) -> c.BaselineResult:
+        """No load figures in the what-if: a load test is judged against the shipped floors."""
+        return c.BaselineResult()
 
     @activity.defn(name=c.LEDGER_DENYLIST)
     async def denylist_add(self, req: c.DenylistRequest) -> c.DenylistResult:
@@ -346,7 +357,7 @@ class WhatIfFleet:
         guard = GuardActivities(self.client)
         return [self.deliver, self.quarantine, self.return_to_service, self.attribute_pods, self.drain, self.event,
                 self.check_node, self.count_fleet, self.quarantined_nodes, self.reboot, self.kubelet_boot_id,
-                self.replace, self.record, self.count_recent, self.check_denied, self.denylist_add,
+                self.replace, self.record, self.count_recent, self.check_denied, self.denylist_add, self.sku_baseline,
                 PolicyActivities(self.policy, "whatif").current, guard.signal_guard, guard.live_holders,
                 guard.running_episodes]
 
@@ -355,7 +366,7 @@ class WhatIfFleet:
         if node in self._workers:
             return
         w = Worker(self.client, task_queue=c.node_task_queue(node), max_concurrent_activity_task_polls=1,
-                   activities=[self.kill, self.reset, self.gpu_pods, self.validate])
+                   activities=[self.kill, self.reset, self.gpu_pods, self.validate, self.inventory])
         self._workers[node] = (w, asyncio.create_task(w.run()))
 
     async def stop_workers(self) -> None:

@@ -1,18 +1,23 @@
 """Cloud activities against moto's server mode, with nodes in the fake Kubernetes API server."""
 
+from datetime import UTC, datetime, timedelta
+
 import pytest
+from botocore.exceptions import ClientError
 from kubernetes import client
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities import contracts as c
 from activities.cloud import (
+    REBOOT_AT_TAG,
     REBOOT_FROM_TAG,
     REBOOT_KEY_TAG,
     REBOOT_STATE_TAG,
     CloudActivities,
     instance_id_from_provider_id,
 )
+from activities.kube import KubeActivities
 from sim.fake_kube import FakeKubeServer
 
 OWNED = [{"Key": "gpuheal.io/managed", "Value": "true"}]
@@ -147,6 +152,25 @@ async def test_replace_plain_instance_and_idempotent(cloud):
     assert (await run(acts.replace, c.ReplaceRequest(node="n3", idempotency_key="k"))).action == "already_terminated"
 
 
+async def test_replaced_node_is_marked_and_its_old_host_is_not_ours(cloud):
+    """The terminated host runs (and reports) on a while: the Node says which host was replaced, and
+    the node check refuses reports from it; a new host under the same name is ours (issue 22, 14)."""
+    acts, instance, _, _, kube = cloud
+    instance("n10")
+    kube.set_boot_id("n10", "boot-old")
+    r = await run(acts.replace, c.ReplaceRequest(node="n10", idempotency_key="remediate/n10/run/replace/1"))
+    assert r.marked
+    ann = kube.get("Node", "", "n10")["metadata"]["annotations"]
+    assert ann[c.REPLACED_ANNOTATION] == "remediate/n10/run/replace/1" and ann[c.REPLACED_BOOT_ANNOTATION] == "boot-old"
+    check = KubeActivities(acts.core)
+    old = await run(check.check_node, c.NodeCheckRequest(node="n10"))
+    assert old.exists and not old.ours and "was replaced" in old.reason
+    again = await run(acts.replace, c.ReplaceRequest(node="n10", idempotency_key="remediate/n10/run/replace/1"))
+    assert again.action == "already_terminated" and again.marked
+    kube.set_boot_id("n10", "boot-new")  # another machine registered under the name
+    assert (await run(check.check_node, c.NodeCheckRequest(node="n10"))).ours
+
+
 async def test_replace_in_asg_keeps_capacity(cloud):
     acts, instance, ec2, asg, _ = cloud
     iid = instance("n4", in_asg=True)
@@ -195,3 +219,71 @@ async def test_karpenter_replacement_checks_ownership_before_deleting_the_node(c
         await run(acts.replace, c.ReplaceRequest(node="n8", idempotency_key="k", mode="karpenter"))
     assert err.value.type == "NotOwned"
     assert kube.list("Node", None, fields="metadata.name=n8"), "the Node was not deleted"
+
+
+class HookedAutoScaling:
+    """moto's Auto Scaling with a termination lifecycle hook, as AWS documents it (moto has none):
+    TerminateInstanceInAutoScalingGroup leaves the instance `running` in EC2 and in
+    Terminating:Wait until the hook completes or times out (lifecycle-hooks-overview)."""
+
+    def __init__(self, real):
+        self.real, self.waiting = real, set()
+
+    def terminate_instance_in_auto_scaling_group(self, InstanceId, ShouldDecrementDesiredCapacity):  # noqa: N803
+        self.waiting.add(InstanceId)
+        return {"Activity": {"StatusCode": "InProgress", "Description": f"Terminating EC2 instance: {InstanceId}"}}
+
+    def describe_auto_scaling_instances(self, InstanceIds):  # noqa: N803
+        out = self.real.describe_auto_scaling_instances(InstanceIds=InstanceIds)
+        for i in out["AutoScalingInstances"]:
+            if i["InstanceId"] in self.waiting:
+                i["LifecycleState"] = "Terminating:Wait"
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+
+async def test_replace_behind_a_lifecycle_hook_is_under_way(cloud):
+    """A termination hook holds the instance (still `running`): the replacement is under way, not
+    failed, and a retry does not terminate again (issue 22, defect 13)."""
+    acts, instance, ec2, asg, _ = cloud
+    iid = instance("n9", in_asg=True)
+    acts.autoscaling = HookedAutoScaling(asg)
+    r = await run(acts.replace, c.ReplaceRequest(node="n9", idempotency_key="k"))
+    assert (r.action, r.lifecycle_state) == ("asg", "Terminating:Wait") and state(ec2, iid) == "running"
+    again = await run(acts.replace, c.ReplaceRequest(node="n9", idempotency_key="k"))
+    assert again.lifecycle_state == "Terminating:Wait"
+
+
+async def test_pending_reboot_is_not_sent_again_within_the_boot_window(cloud):
+    """A reboot that may have gone out 2 minutes ago shows no new boot yet (GPU servers take many
+    minutes): it is not sent again within the policy's boot window; past it, it is (defect 13)."""
+    acts, instance, ec2, _, kube = cloud
+    iid = instance("n1")
+    cut_off_after_pending(ec2, kube, iid, "n1")
+    asked = (datetime.now(UTC) - timedelta(minutes=2)).isoformat(timespec="seconds")
+    ec2.create_tags(Resources=[iid], Tags=[{"Key": REBOOT_AT_TAG, "Value": asked}])
+    sent = count_reboots(ec2)
+    r = await run(acts.reboot, c.RebootRequest(node="n1", idempotency_key="ep1/reboot/1", boot_wait_s=900))
+    assert r.rebooted and r.from_boot == "boot-a" and sent == [], "not re-sent 2 min into a 15 min boot"
+    r = await run(acts.reboot, c.RebootRequest(node="n1", idempotency_key="ep1/reboot/1", boot_wait_s=60))
+    assert r.rebooted and sent == [[iid]], "past the boot window with no new boot: sent"
+
+
+async def test_refused_reboot_is_sent_on_retry(cloud):
+    """RebootInstances refused (throttled): nothing went out, so the retry sends it at once."""
+    acts, instance, ec2, _, _ = cloud
+    instance("n1")
+    calls = []
+
+    def refuse_once(params, **kw):
+        calls.append(params["InstanceIds"])
+        if len(calls) == 1:
+            raise ClientError({"Error": {"Code": "RequestLimitExceeded", "Message": "slow down"}}, "RebootInstances")
+
+    ec2.meta.events.register("provide-client-params.ec2.RebootInstances", refuse_once)
+    with pytest.raises(ClientError):
+        await run(acts.reboot, c.RebootRequest(node="n1", idempotency_key="ep1/reboot/1", boot_wait_s=900))
+    r = await run(acts.reboot, c.RebootRequest(node="n1", idempotency_key="ep1/reboot/1", boot_wait_s=900))
+    assert r.rebooted and len(calls) == 2

@@ -3,20 +3,10 @@
 import threading
 from datetime import UTC, datetime, timedelta
 
-import pytest
 from temporalio.testing import ActivityEnvironment
 
 from activities import contracts as c
-from activities.ledger import DynamoLedger, LedgerActivities, SqliteLedger
-
-
-@pytest.fixture(params=["sqlite", "dynamodb"])
-def ledger(request, tmp_path):
-    if request.param == "sqlite":
-        return SqliteLedger(tmp_path / "ledger.db")
-    ddb = request.getfixturevalue("aws")("dynamodb")
-    DynamoLedger.create_table(ddb, "gpuheal-ledger")
-    return DynamoLedger(ddb, "gpuheal-ledger")
+from activities.ledger import LedgerActivities
 
 
 def rec(episode: str, ids: list[str], ended: datetime, outcome="returned", attribution="platform",
@@ -79,3 +69,16 @@ async def test_activities(ledger):
     r = await env.run(acts.denylist, c.DenylistRequest(hardware_ids=["SN-9"], node="n", reason="bad"))
     assert r.added == ["SN-9"]
     assert (await env.run(acts.check_denied, c.CheckDeniedRequest(hardware_ids=["SN-9", "x"]))).denied == {"SN-9": "bad"}
+
+
+def test_repeat_offenders_are_counted_per_board(ledger):
+    """Each record lists every id of its node, but implicates one board: by board, three faults on
+    three GPUs of one node are three boards once each (issue 22, 15b)."""
+    now, week = datetime.now(UTC), datetime.now(UTC) - timedelta(days=7)
+    node_ids = ["GPU-a", "SN-1", "GPU-b", "SN-2", "GPU-c", "SN-3"]
+    for episode, board in (("e1", ["GPU-a", "SN-1"]), ("e2", ["GPU-b", "SN-2"]), ("e3", ["GPU-b", "SN-2"])):
+        ledger.record(rec(episode, node_ids, now).model_copy(update={"boards": board}))
+    assert ledger.count_recent(["GPU-c", "SN-3"], week, None) == 3, "by node: every episode"
+    assert ledger.count_recent(["GPU-c", "SN-3"], week, None, by_board=True) == 0
+    assert ledger.count_recent(["GPU-b", "SN-2"], week, None, by_board=True) == 2
+    assert ledger.count_recent(["GPU-b", "SN-2"], week, "e3", by_board=True) == 1

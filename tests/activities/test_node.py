@@ -1,6 +1,7 @@
 """Node-local activities against the simulated NVML, real processes and stand-in binaries."""
 
 import contextlib
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,8 @@ from activities import contracts as c
 from activities.node import NodeActivities
 from health.nics import NicExpectation
 from health.runner import ProbeConfig
+from policies.model import Policy
+from sim.load_device import sim_opener
 from sim.nvml import SimulatedNvml
 
 
@@ -66,9 +69,51 @@ async def test_kill_escalates_to_sigkill(node):
 async def test_kill_dry_run_changes_nothing(node):
     nv, acts = node
     with gpu_process(nv, 2) as proc:
-        result = await ActivityEnvironment().run(acts.kill_gpu_processes, c.KillRequest(node="a1", dry_run=True))
+        result = await ActivityEnvironment().run(acts.kill_gpu_processes, c.KillRequest(node="a1", gpus=[2], dry_run=True))
         assert result.dry_run and [p.pid for p in result.killed] == [proc.pid]
         assert proc.poll() is None
+
+
+async def test_kill_with_no_gpu_named_kills_nothing(node):
+    """An Xid whose bus id maps to no GPU implicates none: other tenants' processes live on (issue 22, 4)."""
+    nv, acts = node
+    with gpu_process(nv, 0) as a, gpu_process(nv, 3) as b:
+        result = await ActivityEnvironment().run(acts.kill_gpu_processes, c.KillRequest(node="a1", gpus=[], grace_s=1))
+        assert result.killed == [] and "no GPU implicated" in result.spared[0]
+        assert a.poll() is None and b.poll() is None
+        everything = await ActivityEnvironment().run(acts.kill_gpu_processes,
+                                                     c.KillRequest(node="a1", all_gpus=True, grace_s=2))
+        assert sorted(p.pid for p in everything.killed) == sorted([a.pid, b.pid]), "all_gpus says every GPU"
+
+
+async def test_kill_on_mig_stops_only_the_implicated_instance(node):
+    """MIG on: the processes of other GPU instances on the same GPU are other tenants (issue 22, 4)."""
+    nv, acts = node
+    nv.gpus[1].mig = True
+    with gpu_process(nv, 1) as mine, gpu_process(nv, 2) as theirs:
+        nv.gpus[1].processes = [(mine.pid, 1 << 30, 1, 0), (theirs.pid, 1 << 30, 2, 0)]
+        nv.gpus[2].processes = []
+        req = c.KillRequest(node="a1", gpus=[1], mig=[c.MigTarget(gpu_index=1, gpu_instance_id=1)], grace_s=2)
+        result = await ActivityEnvironment().run(acts.kill_gpu_processes, req)
+        assert [p.pid for p in result.killed] == [mine.pid] and result.killed[0].gpu_instance_id == 1
+        assert mine.wait(timeout=5) != 0 and theirs.poll() is None
+        assert "not the implicated instance" in result.spared[0]
+        unnamed = await ActivityEnvironment().run(acts.kill_gpu_processes, c.KillRequest(node="a1", gpus=[1], grace_s=1))
+        assert unnamed.killed == [] and theirs.poll() is None, "MIG on and no instance named: no tenant is killed"
+
+
+async def test_kill_never_signals_a_reused_pid(node):
+    """The pid listed is checked against its start time before each signal: a pid the kernel gave
+    to another process meanwhile is left alone (issue 22, 4)."""
+    nv, acts = node
+    with gpu_process(nv, 1) as proc:
+        listed = acts.gpu_processes([1])[0]
+        assert listed.start_ticks is not None
+        reused = listed.model_copy(update={"start_ticks": listed.start_ticks - 1})  # an earlier process of that pid
+        assert acts.signal(reused, signal.SIGKILL) is False
+        assert proc.poll() is None, "the process now holding the pid is not signalled"
+        assert acts.signal(listed, signal.SIGKILL) is True
+        assert proc.wait(timeout=5) == -9
 
 
 async def test_reset_refuses_while_processes_remain(node):
@@ -161,3 +206,45 @@ async def test_gpu_pods_maps_pods_to_their_gpus(tmp_path):
                                       sysfs_infiniband=tmp_path), nv, proc=proc)
     result = await ActivityEnvironment().run(acts.gpu_pods, c.GpuPodsRequest(node="a1"))
     assert result.pod_gpus == {f"uid:{uids[11]}": [0, 1], f"uid:{uids[13]}": [3]}
+
+
+# --- validation under load ----------------------------------------------------------------------
+def loaded(tmp_path, nv, open_devices=None):
+    cfg = ProbeConfig(expected_gpus=len(nv.gpus), nics=NicExpectation(ports=0), require_nvidia_smi=False,
+                      sysfs_infiniband=tmp_path)
+    return NodeActivities(cfg, nv, dcgmi=str(tmp_path / "no-dcgmi"), open_devices=open_devices)
+
+
+QUICK = c.ValidateRequest(node="a1", tier="quick", load=Policy().scaled(0.01).validation.load)
+
+
+async def test_validate_under_load_records_every_gpu_figure(tmp_path):
+    nv = SimulatedNvml("a1", gpus=2)
+    res = await ActivityEnvironment().run(loaded(tmp_path, nv, sim_opener(nv)).validate, QUICK)
+    assert res.passed and "load-quick" in res.checks and "compute" in res.checks
+    assert [(g.uuid, g.serial) for g in res.load.gpus] == [(g.uuid, g.serial) for g in nv.gpus]
+    assert res.load.gpus[1].figures["tflops_sustained"] > 500
+
+
+async def test_validate_fails_a_gpu_that_corrupts_only_under_load(tmp_path):
+    nv = SimulatedNvml("a1", gpus=2)
+    nv.inject("corrupt_under_load", gpu=1)
+    acts = loaded(tmp_path, nv, sim_opener(nv))
+    assert (await ActivityEnvironment().run(acts.validate, c.ValidateRequest(node="a1"))).passed  # status alone: fooled
+    res = await ActivityEnvironment().run(acts.validate, QUICK)
+    assert not res.passed and [(f.kind.value, f.gpu_index) for f in res.findings] == [("silent_data_corruption", 1)]
+
+
+async def test_validate_without_cupy_fails_closed(tmp_path):
+    """The real opener on a machine without CuPy (this one): probe_broken with the reason, never a pass."""
+    nv = SimulatedNvml("a1", gpus=2)
+    res = await ActivityEnvironment().run(loaded(tmp_path, nv).validate, QUICK)
+    assert not res.passed and [f.kind.value for f in res.findings] == ["probe_broken"]
+    assert "CuPy is not installed" in res.findings[0].message and "gpuheal[gpu]" in res.findings[0].message
+
+
+async def test_validate_skips_the_load_when_the_status_probes_fail(tmp_path):
+    nv = SimulatedNvml("a1", gpus=2)
+    nv.inject("ecc_dbe", gpu=0)
+    res = await ActivityEnvironment().run(loaded(tmp_path, nv, sim_opener(nv)).validate, QUICK)
+    assert not res.passed and res.load is None and "load-quick: not run, the status probes already failed" in res.checks

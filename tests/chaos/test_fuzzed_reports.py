@@ -92,7 +92,7 @@ async def test_fuzzed_reports_are_rejected_never_fail_a_task(dev_env, uniq):
         reasons = " | ".join(r.reason for r in st.rejected)
         for expected in ("malformed report", "sent to", "stale sequence", "earlier boot"):
             assert expected in reasons, expected
-        await handle.execute_update(NodeRemediation.approve)
+        await handle.execute_update(NodeRemediation.approve, "reboot")
         result = await dev_env.client.get_workflow_handle(handle.id, result_type=RemediationResult).result()
     assert result.outcome == "returned"
     events = [e async for e in handle.fetch_history_events()]

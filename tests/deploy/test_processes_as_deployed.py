@@ -154,7 +154,7 @@ async def test_controller_and_agent_as_deployed_complete_a_remediation(dev_env, 
         else:
             raise AssertionError("the episode never reached replace\n" + _tails(tmp_path))
         env = {k: v for k, v in os.environ.items() if not k.startswith("TEMPORAL_")} | {"TEMPORAL_ADDRESS": address}
-        approve = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "workers.cli", "approve", node],
+        approve = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "workers.cli", "approve", node, "replace"],
                                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
         assert approve.returncode == 0, approve.stderr
         result = await asyncio.wait_for(handle.result(), 90)

@@ -1,6 +1,9 @@
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -138,3 +141,60 @@ def test_restarted_follower_reads_on_from_its_predecessor(tmp_path):
     assert restarted.poll() == ["3,12,10012,-;NVRM: Xid (PCI:0000:1b:00): 79, after the restart"]
     after_reboot = KmsgFollower(log, state, boot_id="boot-b")
     assert len(after_reboot.poll()) == 3, "another boot: the position does not apply"
+
+
+XID_79 = "NVRM: Xid (PCI:0000:5a:00): 79, GPU has fallen off the bus."
+
+
+def _probe_kmsg(path, *extra, timeout=20):
+    return subprocess.run([sys.executable, "-m", "workers.cli", "probe", "kmsg", str(path), "--json", *extra],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("device", ["/dev/null", "/dev/kmsg"])
+def test_cli_probe_kmsg_on_a_character_device_reads_what_is_there_and_exits(device):
+    # /dev/kmsg blocks at its end unless opened non-blocking (EAGAIN there); /dev/null is a character
+    # device anyone can read (end of file at once), so the exit is tested even where /dev/kmsg is not readable.
+    if device == "/dev/kmsg" and not os.access(device, os.R_OK):
+        device = "/dev/null"
+    run = _probe_kmsg(device)  # the timeout fails the test if it blocks
+    assert run.returncode == 0, run.stderr
+    assert "findings" in json.loads(run.stdout)
+
+
+def test_cli_probe_kmsg_on_a_fifo_ends_with_what_was_written(tmp_path):
+    fifo = tmp_path / "kmsg.fifo"
+    os.mkfifo(fifo)
+    writer = os.open(fifo, os.O_RDWR)  # holds the pipe open: a blocking reader would wait forever
+    try:
+        os.write(writer, (XID_79 + "\n").encode())
+        run = _probe_kmsg(fifo)
+    finally:
+        os.close(writer)
+    assert run.returncode == 0, run.stderr
+    assert [f["xid"] for f in json.loads(run.stdout)["findings"]] == [79]
+
+
+def test_cli_probe_kmsg_last_line_without_newline_counts(tmp_path):
+    log = tmp_path / "k.txt"
+    log.write_text(XID_79)
+    assert [f["xid"] for f in json.loads(_probe_kmsg(log).stdout)["findings"]] == [79]
+
+
+def test_cli_probe_kmsg_follow_reads_on_until_stopped(tmp_path):
+    log = tmp_path / "k.txt"
+    log.write_text("")
+    proc = subprocess.Popen([sys.executable, "-m", "workers.cli", "probe", "kmsg", str(log), "--follow"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(1.5)
+        assert proc.poll() is None, "--follow keeps reading"
+        with log.open("a") as fh:
+            fh.write(XID_79 + "\n")
+        line = proc.stdout.readline()
+        assert "xid=79" in line
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=10)
+    assert proc.returncode == 0, err
+    assert "triage (hopper): gpu_lost" in out or "start at reboot" in out

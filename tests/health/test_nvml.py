@@ -101,3 +101,22 @@ def test_cli_probe_nvml_on_a_machine_without_gpu():
     npd = subprocess.run([sys.executable, "-m", "workers.cli", "probe", "nvml", "--npd"], capture_output=True, text=True)
     assert npd.returncode == 2  # NPD's "unknown": the check could not run, which is not "OK"
     assert 0 < len(npd.stdout.strip()) <= 80
+
+
+def test_xid_event_carries_its_mig_instance():
+    """NVML's event data names the MIG instance (0xFFFFFFFF: none): the kill stops only that tenant."""
+    nv = SimulatedNvml("n8", gpus=4)
+    nv.gpus[1].mig = True
+    w = XidWatcher(nv, wait_ms=50).start()
+    try:
+        nv.inject("xid", gpu=1, xid=13, gi=2, ci=0)
+        nv.inject("xid", gpu=3, xid=13)
+        found = []
+        for _ in range(40):
+            found += w.drain()
+            if len(found) == 2:
+                break
+            time.sleep(0.05)
+    finally:
+        w.stop()
+    assert [(f.gpu_index, f.gpu_instance_id, f.compute_instance_id) for f in found] == [(1, 2, 0), (3, None, None)]

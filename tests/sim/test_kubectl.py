@@ -112,3 +112,41 @@ def test_describe_shows_gpuheal_quarantine(cluster):
     assert "Unschedulable:      true" in out
     assert "gpuheal.io/quarantine=gpu_lost:NoSchedule" in out
     assert "GpuHealthy" in out and "GpuQuarantined" in out, out
+
+
+def test_get_nodes_prints_the_servers_columns(cluster):
+    """`kubectl get nodes` prints the API server's Table: a cordoned node reads Ready,SchedulingDisabled,
+    as against a real server; `-o wide` adds the priority-1 columns."""
+    server, kubectl = cluster
+    server.kube.add_node("g1", boot_id="b1", labels={"node-role.kubernetes.io/gpu": ""})
+    server.kube.add_node("g2", boot_id="b2")
+    kubectl("cordon", "g2")
+    lines = kubectl("get", "nodes").stdout.splitlines()
+    assert lines[0].split() == ["NAME", "STATUS", "ROLES", "AGE", "VERSION"], lines
+    rows = {line.split()[0]: line.split() for line in lines[1:]}
+    assert rows["g1"][1:3] == ["Ready", "gpu"] and rows["g1"][4] == "v1.31.0"
+    assert rows["g2"][1:3] == ["Ready,SchedulingDisabled", "<none>"]
+    wide = kubectl("get", "node", "g2", "-o", "wide").stdout.splitlines()
+    assert "KERNEL-VERSION" in wide[0] and "6.8.0-gpuheal" in wide[1], wide
+    assert json.loads(kubectl("get", "node", "g2", "-o", "json").stdout)["kind"] == "Node", "-o json is the object"
+
+
+def test_get_nodes_watch_shows_a_cordon(cluster, tmp_path):
+    """`kubectl get nodes -w` prints each change as a row of the server's Table."""
+    import threading
+    import time
+
+    server, kubectl = cluster
+    server.kube.add_node("g1", boot_id="b1")
+    threading.Timer(1.5, lambda: server.kube.patch("Node", "", "g1", {"spec": {"unschedulable": True}}, "application/merge-patch+json")).start()
+    cfg = server.write_kubeconfig(tmp_path / "watch-kubeconfig")
+    run = subprocess.Popen(["kubectl", "--kubeconfig", cfg, "get", "nodes", "-w"],
+                           stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 20
+    seen: list[str] = []
+    try:
+        while time.monotonic() < deadline and not any("SchedulingDisabled" in line for line in seen):
+            seen.append(run.stdout.readline())
+    finally:
+        run.kill()
+    assert seen[0].split()[:2] == ["NAME", "STATUS"] and any("Ready,SchedulingDisabled" in s for s in seen), seen

@@ -37,10 +37,10 @@ async def test_status_approve_history_report_pause(dev_env, uniq, tmp_path):
         assert json.loads(st.stdout)["awaiting_approval"] == "reboot"
         everyone = json.loads((await cli(address, "status", "--json")).stdout)
         assert any(r["node"] == n.name and r["awaiting_approval"] == "reboot" for r in everyone)
-        assert (await cli(address, "approve", n.name)).returncode == 0
+        assert (await cli(address, "approve", n.name, "reboot")).returncode == 0
         result = await dev_env.client.get_workflow_handle(handle.id, result_type=RemediationResult).result()
         assert result.outcome == "returned"
-        again = await cli(address, "approve", n.name)
+        again = await cli(address, "approve", n.name, "reboot")
         assert again.returncode == 1 and "no open remediation episode" in again.stderr
         hist = json.loads((await cli(address, "history", n.name, "--json")).stdout)
         steps = [s["summary"] for s in hist[-1]["steps"]]
@@ -54,7 +54,8 @@ async def test_status_approve_history_report_pause(dev_env, uniq, tmp_path):
         r2 = await dev_env.client.get_workflow_handle(f"remediate/{other.name}", result_type=RemediationResult).result()
         assert (r2.fault_class, r2.rungs) == ("memory", ["reset"])
         paused = json.loads((await cli(address, "pause", "--reason", "driver rollout", "--json")).stdout)
-        assert paused["paused"] and paused["pause_reason"] == "driver rollout"
+        assert paused["paused"] and paused["pause_reason"].startswith("driver rollout (by ") and "@" in paused["pause_reason"], \
+            "who paused is kept with the reason"
         assert not json.loads((await cli(address, "resume", "--json")).stdout)["paused"]
         await fleet.stop_guard()
     missing = await cli(address, "history", f"ghost-{uniq}")
@@ -99,3 +100,41 @@ async def test_report_after_an_episode_was_terminated_by_hand_starts_a_new_one(d
         await fleet.stop_guard()
     assert (await second.describe()).run_id != first.result_run_id
     assert result.outcome == "returned"
+
+
+async def test_history_reads_closed_runs_nobody_serves_and_marks_an_unreachable_one(dev_env, uniq):
+    """After an earlier demo (`--keep` reuses the dev server's database) nobody polls the closed runs'
+    task queue: `history` reads them from their event histories; a running episode that cannot answer
+    is one row saying why, not a failed listing."""
+    from activities.contracts import remediation_workflow_id
+    from workflows.remediation_types import (
+        RemediationInput,
+    )
+
+    policy = default_policy().scaled(0.001)
+    fleet = FakeFleet(client=dev_env.client, task_queue=f"gone-{uniq}", policy=policy, cluster="default")
+    n = fleet.add(FakeNode(f"hist-{uniq}", [xid(48)], cured_by="reset"))
+    async with fleet.workers():
+        handle = await fleet.report(n.name)
+        first = await dev_env.client.get_workflow_handle(handle.id, result_type=RemediationResult).result()
+        await fleet.stop_guard()
+    assert first.outcome == "returned"
+    # The workers are gone; a second episode starts on a queue nobody polls.
+    stuck = await dev_env.client.start_workflow(NodeRemediation.run, RemediationInput(node=n.name),
+                                                id=remediation_workflow_id(n.name), task_queue=f"nobody-{uniq}")
+    address = dev_env.client.service_client.config.target_host
+    try:
+        shown = await cli(address, "history", n.name, "--json")
+        listed = await cli(address, "status", "--json")
+    finally:
+        await stuck.terminate()
+    assert listed.returncode == 0, listed.stderr
+    row = next(r for r in json.loads(listed.stdout) if r["node"] == n.name)
+    assert "no controller polls task queue" in row["unreachable"], row
+    assert shown.returncode == 0, shown.stderr
+    closed, running = json.loads(shown.stdout)
+    assert closed["outcome"] == "returned" and closed["rungs"] == ["reset"]
+    summaries = [s["summary"] for s in closed["steps"]]
+    assert any(s.startswith(f"reset {n.name}") or s.startswith("reset GPU") for s in summaries), summaries
+    assert all(s["ok"] is not None for s in closed["steps"] if s["step"] != "timer")
+    assert running["reason"].startswith("unreachable: no controller polls task queue"), running

@@ -45,6 +45,11 @@ class FakeNode:
     hold: asyncio.Event | None = None  # drain waits on it when set (tests steer timing)
     pdb_stuck: bool = False  # the drain times out with the job's pod still there (escalate)
     agent: bool = True  # False: nobody polls node/<name> and no report comes from a new boot
+    # After a reboot that returns: "agent" reports from the new boot and serves; "once" reports once
+    # from it, then is gone; "watcher": only a condition watcher reports the kubelet's new boot id.
+    after_reboot: str = "agent"
+    lifecycle_hook: bool = False  # replace: a termination hook holds the instance (Terminating:Wait)
+    replaced_boot: int | None = None  # the boot whose host was replaced (the Node's replaced annotation)
     exists: bool = True  # False: the API server has no such node
     fail: set[str] = field(default_factory=set)  # activity names that fail for good (NoEffect) on this node
     pod_gpus: dict[str, list[int]] = field(default_factory=dict)  # what node.gpu_pods answers
@@ -82,7 +87,12 @@ class FakeFleet:
     fleet_size: int | None = None  # what kube.fleet_size answers; None: the nodes added
     events: list[c.EventRequest] = field(default_factory=list)
     holder_check_delay: float = 0.0  # how long guard.live_holders takes (a slow server)
+    agents: dict[str, Worker] = field(default_factory=dict)  # node -> the worker serving node/<name>
+    check_drain_lease: bool = False  # each drain asks the guard whether the node holds a lease
+    drained_without_lease: list[str] = field(default_factory=list)
     episodes_unlisted: bool = False  # guard.running_episodes fails (visibility down)
+    guard_client: Client | None = None  # the guard's activities' client (tests slow its calls down)
+    admitted_hw: dict[str, set[str]] = field(default_factory=dict)  # the ledger's admissions: node -> hardware
 
     def add(self, node: FakeNode) -> FakeNode:
         self.nodes[node.name] = node
@@ -116,6 +126,8 @@ class FakeFleet:
     @activity.defn(name=c.KUBE_QUARANTINE)
     async def quarantine(self, req: c.QuarantineRequest) -> c.QuarantineResult:
         n = self._node(req)
+        if req.dry_run:  # as the real one: a dry run changes nothing
+            return c.QuarantineResult(node=n.name, changed=False, cordoned_at=datetime.now(UTC), dry_run=True)
         changed, n.cordoned = not n.cordoned, True
         return c.QuarantineResult(node=n.name, changed=changed, cordoned_at=datetime.now(UTC))
 
@@ -142,6 +154,10 @@ class FakeFleet:
     @activity.defn(name=c.KUBE_DRAIN)
     async def drain(self, req: c.DrainRequest) -> c.DrainResult:
         n = self._node(req)
+        if self.check_drain_lease:
+            guard = await self.client.get_workflow_handle(guard_workflow_id(self.cluster)).query(FleetGuard.status)
+            if not any(h.node == n.name for h in guard.holders):
+                self.drained_without_lease.append(n.name)
         self.disruptive_now.add(n.name)
         self.max_disruptive = max(self.max_disruptive, len(self.disruptive_now))
         if n.hold is not None:
@@ -160,7 +176,10 @@ class FakeFleet:
         if n is None or not n.exists:
             return c.NodeCheckResult(exists=False, ours=False, reason=f"node {req.node} does not exist")
         self._node(req)
-        return c.NodeCheckResult(exists=True, ours=True)
+        if n.replaced_boot == n.boot:  # as kube.check_node reads the replaced annotation
+            return c.NodeCheckResult(exists=True, ours=False, reason=f"node {n.name} was replaced: reports from its "
+                                     "old host start nothing")
+        return c.NodeCheckResult(exists=True, ours=True, quarantined="fault" if n.cordoned else None)
 
     @activity.defn(name=c.KUBE_FLEET_SIZE)
     async def count_fleet(self) -> int:
@@ -180,7 +199,13 @@ class FakeFleet:
         if n.reboot_returns:
             n.boot += 1
             n.seq = 0
-            if n.agent:
+            if n.after_reboot != "agent":
+                await self.stop_agent(n.name)
+            if n.after_reboot == "watcher":
+                await send_report(self.client, HealthReport(
+                    node=n.name, boot_id=f"kubelet-{n.boot}", seq=1, source="watcher", detected_at=datetime.now(UTC)),
+                    node=n.name, cluster=self.cluster, task_queue=self.task_queue)
+            elif n.agent or n.after_reboot == "once":
                 await self.report(n.name)  # the agent's first report from the new boot
         return c.RebootResult(instance_id=f"i-{n.name}", rebooted=True, from_boot=from_boot)
 
@@ -192,6 +217,9 @@ class FakeFleet:
     async def replace(self, req: c.ReplaceRequest) -> c.ReplaceResult:
         n = self._node(req)
         self._leave_disruption(n.name)
+        n.replaced_boot = n.boot  # as cloud.replace marks the Node
+        if n.lifecycle_hook:
+            return c.ReplaceResult(instance_id=f"i-{n.name}", action="asg", lifecycle_state="Terminating:Wait")
         return c.ReplaceResult(instance_id=f"i-{n.name}", action="ec2")
 
     # --- node-local ----------------------------------------------------------------------------
@@ -212,6 +240,14 @@ class FakeFleet:
     async def gpu_pods(self, req: c.GpuPodsRequest) -> c.GpuPodsResult:
         return c.GpuPodsResult(pod_gpus=self._node(req).pod_gpus)
 
+    @activity.defn(name=c.NODE_HARDWARE_IDS)
+    async def hardware_ids(self, req: c.HardwareIdsRequest) -> c.HardwareIdsResult:
+        """What NVML on the node says: its own GPUs' ids, whoever started the admission."""
+        n = self._node(req)
+        gpus = n.ids()
+        return c.HardwareIdsResult(hardware_ids=sorted({g.uuid for g in gpus} | {g.serial for g in gpus if g.serial}),
+                                   gpus=len(gpus))
+
     @activity.defn(name=c.NODE_VALIDATE)
     async def validate(self, req: c.ValidateRequest) -> c.ValidationResult:
         n = self._node(req)
@@ -226,7 +262,8 @@ class FakeFleet:
     @activity.defn(name=c.LEDGER_COUNT_RECENT)
     async def count_recent(self, req: c.CountRecentRequest) -> int:
         ids = set(req.hardware_ids)
-        return sum(1 for r in self.records if ids & set(r.hardware_ids) and r.episode != req.exclude_episode)
+        return sum(1 for r in self.records
+                   if ids & set(r.boards if req.by_board else r.hardware_ids) and r.episode != req.exclude_episode)
 
     @activity.defn(name=c.LEDGER_CHECK_DENIED)
     async def check_denied(self, req: c.CheckDeniedRequest) -> c.CheckDeniedResult:
@@ -238,16 +275,45 @@ class FakeFleet:
         self.denylist.update({i: req.reason for i in added})
         return c.DenylistResult(added=added)
 
+    @activity.defn(name=c.LEDGER_LAST_STARTED)
+    async def last_started(self, req: c.LastStartedRequest) -> c.LastStartedResult:
+        starts = [r.started_at for r in self.records if r.node == req.node and r.episode != req.exclude_episode]
+        return c.LastStartedResult(started_at=max(starts, default=None))
+
+    @activity.defn(name=c.LEDGER_ADMIT)
+    async def admit(self, req: c.AdmitRequest) -> None:
+        self.admitted_hw.setdefault(req.node, set()).update(req.hardware_ids)
+
+    @activity.defn(name=c.LEDGER_ADMITTED)
+    async def admitted(self, req: c.AdmittedRequest) -> c.AdmittedResult:
+        return c.AdmittedResult(hardware_ids=sorted(self.admitted_hw.get(req.node, set())))
+
+    @activity.defn(name=c.LEDGER_BASELINE)
+    async def baseline(self, req: c.BaselineRequest) -> c.BaselineResult:
+        return c.BaselineResult()
+
+    @activity.defn(name=c.LEDGER_LOAD_FIGURES)
+    async def load_figures(self, rec: c.LoadFiguresRecord) -> None:
+        self.figures = [*getattr(self, "figures", []), rec]
+
     @activity.defn(name=c.POLICY_CURRENT)
     async def current_policy(self, req: c.PolicyRequest) -> c.PolicySnapshot:
         """The controller's policy: whatever the test set on the fleet, read at each episode's start."""
-        return PolicyActivities(self.policy, "test").snapshot
+        policy = self.policy
+        if self.history_limit is not None:  # the limit is the controller's policy's, never a sender's
+            policy = policy.model_copy(update={"history_limit": self.history_limit})
+        return PolicyActivities(policy, "test", self.cluster).snapshot
 
     # --- guard: the real activities against the server, slowed or failed on demand -------------
     @activity.defn(name=c.GUARD_LIVE_HOLDERS)
     async def live_holders(self, req: c.LiveHoldersRequest) -> c.LiveHoldersResult:
         await asyncio.sleep(self.holder_check_delay)
-        return await GuardActivities(self.client).live_holders(req)
+        return await GuardActivities(self.guard_client or self.client).live_holders(req)
+
+    @activity.defn(name=c.GUARD_RUNNING_HOLDERS)
+    async def running_holders(self, req: c.LiveHoldersRequest) -> c.LiveHoldersResult:
+        await asyncio.sleep(self.holder_check_delay)
+        return await GuardActivities(self.guard_client or self.client).running_holders(req)
 
     @activity.defn(name=c.GUARD_RUNNING_EPISODES)
     async def running_episodes(self, req: c.RunningEpisodesRequest) -> c.RunningEpisodesResult:
@@ -260,14 +326,19 @@ class FakeFleet:
         return [self.quarantine, self.return_to_service, self.attribute_pods, self.drain, self.reboot,
                 self.replace, self.kill, self.reset, self.validate, self.record, self.count_recent,
                 self.denylist_add, self.check_denied, self.event, self.count_fleet, guard.signal_guard,
-                self.live_holders, self.running_episodes, self.quarantined_nodes, self.check_node, self.kubelet_boot_id, self.gpu_pods, self.current_policy]
+                self.live_holders, self.running_episodes, self.quarantined_nodes, self.check_node, self.kubelet_boot_id, self.gpu_pods, self.current_policy,
+                self.baseline, self.load_figures, self.hardware_ids, self.admit, self.admitted, self.running_holders,
+                self.last_started]
 
     @contextlib.asynccontextmanager
     async def workers(self):
         """The controller's worker plus one per node queue (what each node's agent would serve)."""
-        queues = [self.task_queue, *(c.node_task_queue(n.name) for n in self.nodes.values() if n.agent)]
-        ws = [Worker(self.client, task_queue=q, workflows=[NodeRemediation, FleetGuard, NodeAdmission] if q == self.task_queue else [],
-                     activities=self.activities()) for q in queues]
+        ws = [Worker(self.client, task_queue=self.task_queue, workflows=[NodeRemediation, FleetGuard, NodeAdmission],
+                     activities=self.activities())]
+        for n in self.nodes.values():
+            if n.agent:
+                self.agents[n.name] = Worker(self.client, task_queue=c.node_task_queue(n.name), activities=self.activities())
+                ws.append(self.agents[n.name])
         async with contextlib.AsyncExitStack() as stack:
             for w in ws:
                 await stack.enter_async_context(w)
@@ -275,6 +346,12 @@ class FakeFleet:
                 yield
             finally:
                 await self.stop_guard()
+
+    async def stop_agent(self, name: str) -> None:
+        """The node's agent dies: nobody polls node/<name> any more (shutting down twice is harmless)."""
+        self.nodes[name].agent = False
+        if (w := self.agents.pop(name, None)) is not None:
+            await w.shutdown()
 
     async def stop_guard(self) -> None:
         """The guard runs forever; left behind without its worker it would stall the time-skipping
@@ -287,6 +364,10 @@ class FakeFleet:
                     break
                 await asyncio.sleep(0.05)
             await handle.terminate("test over")
+
+
+# Activities that change a node: under a dry run each must carry dry_run (the denylist is checked apart).
+DESTRUCTIVE = {c.KUBE_DRAIN, c.NODE_KILL, c.NODE_RESET, c.CLOUD_REBOOT, c.CLOUD_REPLACE}
 
 
 def xid(code: int, gpu: int = 2) -> Finding:

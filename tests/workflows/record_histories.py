@@ -16,6 +16,7 @@ from pathlib import Path
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
+from policies.findings import Finding
 from policies.loader import default_policy
 from policies.model import Policy
 from tests.workflows.fakes import FakeFleet, FakeNode, xid
@@ -47,6 +48,10 @@ PATHS = {
     "uncordon_failed": (48, "reset", 0, [], {"fail": {"kube.return_to_service"}}),
     "drain_failed": (79, "reboot", 0, [], {"fail": {"kube.drain"}}),
     "rejected": (79, "reboot", 0, [], {"exists": False}),
+    # Validation under load (PATCH_LOAD_VALIDATION, PATCH_SUSPECT_LOAD_TEST): recorded from then on.
+    "reset_under_load": (48, "reset", 0, [], {}),
+    "suspect_cleared": ("suspect", "kill", 0, [], {"faulty": False}),
+    "suspect_confirmed": ("suspect", "reset", 0, [], {}),
 }
 
 
@@ -54,14 +59,15 @@ async def record(env: WorkflowEnvironment, name: str, write: bool = True) -> dic
     code, cured_by, recurs, approve, options = PATHS[name]
     u = uuid.uuid4().hex[:6]
     fleet = FakeFleet(client=env.client, task_queue=f"rec-{u}", policy=fast_policy(approve=approve), cluster=f"rec-{u}")
-    node = fleet.add(FakeNode(f"{name.replace('_', '-')}-node", [xid(code)], cured_by=cured_by, recurs=recurs,
-                              **options))
+    found = [Finding(kind="suspect", message="suspect: a job's slow rank")] if code == "suspect" else [xid(code)]
+    node = fleet.add(FakeNode(f"{name.replace('_', '-')}-node", found, cured_by=cured_by, recurs=recurs, **options))
     async with fleet.workers():
-        handle = await fleet.report(node.name)
+        handle = await fleet.report(node.name, **({"healthy": False} if code == "suspect" else {}))
         if approve:
             while (await handle.query(NodeRemediation.status)).awaiting_approval is None:
                 await asyncio.sleep(0.05)
-            await handle.execute_update(NodeRemediation.approve)
+            status = await handle.query(NodeRemediation.status)
+            await handle.execute_update(NodeRemediation.approve, status.awaiting_approval.value)
         result = await handle.result()
         history = await handle.fetch_history()
     if write:

@@ -154,7 +154,7 @@ async def test_approval_granted_proceeds(ts_env, uniq):
             return (await handle.query(NodeRemediation.status)).awaiting_approval == "reboot"
 
         await wait_for(awaiting)
-        await handle.execute_update(NodeRemediation.approve)
+        await handle.execute_update(NodeRemediation.approve, "reboot")
         result = await handle.result()
     assert (result.outcome, result.rungs) == ("returned", ["reboot"])
 
@@ -231,7 +231,7 @@ async def test_bad_foreign_stale_and_duplicate_reports_are_rejected(ts_env, uniq
         await wait_for(all_in)
         await wait_for(parked)
         status = await handle.query(NodeRemediation.status)
-        await handle.execute_update(NodeRemediation.approve)
+        await handle.execute_update(NodeRemediation.approve, "reboot")
         await handle.result()
         await no_task_failures(handle)
     reasons = [r.reason for r in status.rejected]

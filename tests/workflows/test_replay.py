@@ -26,8 +26,20 @@ DO_NO_HARM_PATHS = {"agent_missing", "cordon_failed", "uncordon_failed", "drain_
                     "quarantine_deferred"}  # the last since guard-admission
 
 
+def recorded_id(doc: dict, prefix: str, field: str) -> str:
+    """The workflow id the history was recorded under (its start input names the node or cluster):
+    code may key on it, as a lease request id does, so the replay runs under the same id."""
+    import base64
+
+    start = doc["events"][0]["workflowExecutionStartedEventAttributes"]
+    payload = (start.get("input") or {}).get("payloads") or [{}]
+    value = json.loads(base64.b64decode(payload[0].get("data", "")) or "{}").get(field) if payload[0] else None
+    return f"{prefix}/{value}" if value else f"{prefix}/unknown"
+
+
 def load(path: Path) -> WorkflowHistory:
-    return WorkflowHistory.from_json(f"remediate/{path.stem}", json.loads(path.read_text()))
+    doc = json.loads(path.read_text())
+    return WorkflowHistory.from_json(recorded_id(doc, "remediate", "node"), doc)
 
 
 def test_every_required_path_is_recorded():
@@ -47,7 +59,8 @@ async def test_history_replays(path: Path):
 
 @pytest.mark.parametrize("path", sorted(GUARD.rglob("*.json")), ids=lambda p: str(p.relative_to(GUARD).with_suffix("")))
 async def test_guard_history_replays(path: Path):
-    history = WorkflowHistory.from_json(f"fleet-guard/{path.stem}", json.loads(path.read_text()))
+    doc = json.loads(path.read_text())
+    history = WorkflowHistory.from_json(recorded_id(doc, "fleet-guard", "cluster"), doc)
     replayer = Replayer(workflows=[FleetGuard], data_converter=pydantic_data_converter)
     await replayer.replay_workflow(history)
 

@@ -1,0 +1,63 @@
+"""Admission trusts no starter (issue 22: 3): hardware ids come from the node's own agent, a re-start
+of an admitted node does nothing, and replacing a node with denylisted hardware takes the approval
+and the disruption lease that any replace takes."""
+
+from __future__ import annotations
+
+import asyncio
+
+from temporalio.common import WorkflowIDReusePolicy
+
+from activities.contracts import admission_workflow_id
+from tests.workflows.fakes import FakeNode
+from tests.workflows.test_node_remediation import make_fleet, wait_for
+from tests.workflows.test_trust_boundaries import controller_policy
+from workers.reporting import start_admission
+from workflows.node_admission import AdmissionInput, NodeAdmission
+
+
+async def test_a_restart_of_an_admitted_node_with_claimed_denylisted_ids_does_nothing(ts_env, uniq):
+    fleet = make_fleet(ts_env, uniq, controller_policy())
+    n = fleet.add(FakeNode(f"adm-{uniq}", [], faulty=False))
+    fleet.denylist["GPU-someone-elses"] = "replaced: Xid 79"
+    async with fleet.workers():
+        first = await ts_env.client.execute_workflow(
+            NodeAdmission.run, AdmissionInput(node=n.name, hardware_ids=[g.uuid for g in n.ids()]),
+            id=admission_workflow_id(n.name), task_queue=fleet.task_queue)
+        assert first.outcome == "healthy"
+        calls_before = list(n.calls)
+        again = await ts_env.client.execute_workflow(
+            NodeAdmission.run, AdmissionInput(node=n.name, hardware_ids=["GPU-someone-elses"]),
+            id=admission_workflow_id(n.name), task_queue=fleet.task_queue,
+            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE)
+    new_calls = n.calls[len(calls_before):]
+    assert "cloud.replace" not in new_calls, "no replace on a claim"
+    assert "kube.quarantine" not in new_calls, "an admitted node is not tainted again"
+    assert "node.validate" not in new_calls, "nor validated under its jobs"
+    assert again.outcome == "healthy" and "admitted before" in again.reason, again.reason
+
+
+async def test_a_node_with_denylisted_hardware_is_replaced_only_with_approval_and_a_lease(ts_env, uniq):
+    policy = controller_policy()
+    policy.ladder.replace.requires_approval = True
+    fleet = make_fleet(ts_env, uniq, policy)
+    n = fleet.add(FakeNode(f"den-{uniq}", [], faulty=False))
+    fleet.denylist[n.ids()[3].uuid] = "replaced: Xid 79"
+    async with fleet.workers():
+        await start_admission(ts_env.client, node=n.name, hardware_ids=[], task_queue=fleet.task_queue)
+        handle = ts_env.client.get_workflow_handle_for(NodeAdmission.run, admission_workflow_id(n.name))
+
+        async def awaiting() -> bool:
+            acts = await handle.query(NodeAdmission.actions_so_far)
+            return any(a.step == "approval" for a in acts) or "cloud.replace" in n.calls
+
+        await wait_for(awaiting, timeout=20)
+        await asyncio.sleep(0.5)
+        assert "cloud.replace" not in n.calls, "no replace before an operator approves"
+        await handle.execute_update(NodeAdmission.approve, args=["bob"])
+        result = await handle.result()
+    assert result.outcome == "denied_admission" and n.ids()[3].uuid in result.reason
+    assert "cloud.replace" in n.calls
+    steps = [a.step for a in result.actions]
+    assert steps.index("lease") < steps.index("cloud.replace"), steps
+    assert any(a.summary == "approve by bob" for a in result.actions)

@@ -1,0 +1,38 @@
+""""Quarantined for a person" holds (issue 22: 8): the agent's re-send after a `quarantined` ending
+starts no second drain and no second ledger record; only an operator's `lift` (recorded with who)
+or the taint's removal ends the hold."""
+
+from __future__ import annotations
+
+from tests.workflows.fakes import FakeNode, xid
+from tests.workflows.test_node_remediation import make_fleet, wait_for
+from workflows.node_remediation import NodeRemediation
+
+
+async def test_a_resend_after_a_quarantined_ending_is_held_until_an_operator_lifts_it(ts_env, uniq):
+    fleet = make_fleet(ts_env, uniq)
+    n = fleet.add(FakeNode(f"held-{uniq}", [xid(48)], cured_by="reset", fail={"kube.drain"}))
+    async with fleet.workers():
+        first = await (await fleet.report(n.name)).result()
+        assert first.outcome == "quarantined", first.reason
+        assert n.cordoned and len(fleet.records) == 1
+        handle = await fleet.report(n.name)  # the agent re-sends: the fault is still there
+
+        async def held() -> bool:
+            st = await handle.query(NodeRemediation.status)
+            return bool(getattr(st, "held", "")) or st.stage == "done"
+
+        await wait_for(held, timeout=20)
+        st = await handle.query(NodeRemediation.status)
+        assert n.calls.count("kube.drain") == 1, f"no second drain ({st.outcome}: {st.outcome_reason})"
+        assert len(fleet.records) == 1, "no second ledger record toward repeat-offender replacement"
+        assert st.held and "gpuheal lift" in st.waiting, (st.stage, st.outcome_reason)
+        await fleet.report(n.name)  # and again
+        await handle.execute_update(NodeRemediation.lift, args=["board reseated", "alice"])
+        result = await handle.result()
+        st = await handle.query(NodeRemediation.status)
+    assert result.outcome == "healthy" and "lifted by alice" in result.reason
+    assert any(a.step == "operator" and "lift by alice" in a.summary for a in st.actions)
+    assert not n.cordoned, "the lift uncordons"
+    assert len(fleet.records) == 1, "no second ledger record toward repeat-offender replacement"
+    assert n.calls.count("kube.drain") == 1
