@@ -17,7 +17,6 @@ def applied(name: str | None):
         return
     if name not in MUTANTS:
         raise ValueError(f"unknown mutant {name!r}: one of {', '.join(MUTANTS)}")
-    from workflows import calls, rungs
     from workflows.lease import GuardClient
     from workflows.rungs import RungActions
 
@@ -43,13 +42,18 @@ def applied(name: str | None):
             return None
         patch(GuardClient, "_acquire_lease", no_lease)
     elif name == "agent_missing":
+        # The agent-missing rule gone: a silent agent no longer stops the ladder.
         async def no_boot_id(self):
             return None
-        patch(rungs, "agent_gone", lambda err: False)
-        patch(calls, "agent_gone", lambda err: False)
+        patch(RungActions, "_agent_missing_stops", lambda self, rung: "")
         patch(RungActions, "_kubelet_boot_id", no_boot_id)
     elif name == "kill_filter":
-        patch(RungActions, "_gpus", lambda self: [])
+        stop = RungActions._stop_gpu_processes
+
+        async def kill_everything(self, summary, rp, whole_node):
+            return await stop(self, summary, rp, whole_node=True)  # every GPU's processes, as before
+        patch(RungActions, "_stop_gpu_processes", kill_everything)
+        patch(RungActions, "_mig_targets", lambda self: [])
     try:
         yield
     finally:

@@ -24,6 +24,7 @@ from workers.embedded_temporal import binary, register_search_attributes
 
 SCHEDULE_WALL_S = float(os.environ.get("SAFETY_WALL_S", "240"))  # a batch's backstop
 WEDGE_EVENTS = 1500
+DEBUG = bool(os.environ.get("SAFETY_DEBUG"))
 STALL_S = float(os.environ.get("SAFETY_STALL_S", "8"))  # wall seconds the server's clock may stand still  # wall seconds a batch may take before its unfinished schedules count as stalled
 
 
@@ -65,19 +66,24 @@ async def run_batch(env: WorkflowEnvironment, seeds: list[int], keep_worlds: boo
 
 async def _wait(env: WorkflowEnvironment, handles: list) -> None:
     """Each driver's end, one awaited at a time (each await lets the server skip time for all),
-    until the server's clock stands still for STALL_S wall seconds: one wedged workflow stops the
-    clock for every schedule on the server."""
+    until the server's clock stops skipping for STALL_S wall seconds: one workflow task left
+    unanswered locks the clock (it then only keeps pace with the wall clock) for every schedule on
+    the server."""
     end = time.monotonic() + SCHEDULE_WALL_S
     last, moved = await env.get_current_time(), time.monotonic()
+    start, t0 = last, time.monotonic()
     for h in handles:
         task = asyncio.ensure_future(h.result())
         while not task.done() and time.monotonic() < end:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.shield(task), 1.0)
             now = await env.get_current_time()
-            if now != last:
-                last, moved = now, time.monotonic()
-            elif time.monotonic() - moved > STALL_S:
+            if DEBUG:
+                print(f"clock {(now - start).total_seconds():.0f}s at wall {time.monotonic() - t0:.0f}s", flush=True)
+            wall = time.monotonic()
+            if (now - last).total_seconds() > 2 * (wall - moved) + 1:
+                last, moved = now, wall  # skipping: a locked clock only keeps pace with the wall clock
+            elif wall - moved > STALL_S:
                 break
         if not task.done():
             task.cancel()
@@ -89,9 +95,12 @@ async def _wait(env: WorkflowEnvironment, handles: list) -> None:
 async def _pending(env: WorkflowEnvironment, w: SafetyWorld) -> list[str]:
     """What a stalled schedule's workflows wait on (the server's clock stops while any workflow
     task stays unanswered)."""
-    from activities.contracts import guard_workflow_id, remediation_workflow_id
+    from activities.contracts import admission_workflow_id, guard_workflow_id, remediation_workflow_id
 
-    ids = [driver_id(w.sched.seed), guard_workflow_id(w.cluster), *(remediation_workflow_id(n) for n in w.nodes)]
+    names = [*w.nodes, w.sched.ghost]
+    ids = [driver_id(w.sched.seed), guard_workflow_id(w.cluster), guard_workflow_id(f"other-{w.sched.seed}"),
+           *(remediation_workflow_id(n) for n in names), *(remediation_workflow_id(f"not-{n}") for n in names),
+           *(admission_workflow_id(n) for n in names)]
     out = []
     for wid in ids:
         try:
@@ -128,10 +137,13 @@ async def run_schedules(seeds: list[int], batch: int = 30, mutant: str | None = 
             finally:
                 await env.shutdown()
             done = []
+            culprit = any(line.startswith("WEDGED") for o in ran for line in o.stall)
             for o in ran:
-                tries[o.seed] += 1
-                wedged = any(line.startswith("WEDGED") for line in o.stall)
-                if o.stalled and not wedged and tries[o.seed] < 3:
+                tries[o.seed] += not culprit  # held up by another's wedge is no try of its own
+                wedged = [line for line in o.stall if line.startswith("WEDGED")]
+                if wedged:  # its own workflow locked the clock: a workflow that never settles
+                    o.violations, o.stalled = [("liveness", line.removeprefix("WEDGED ")) for line in wedged], False
+                if o.stalled and tries[o.seed] < 3:
                     queue.append(o.seed)  # held up by another schedule's wedged workflow: run again
                 else:
                     done.append(o)

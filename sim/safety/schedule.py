@@ -112,7 +112,7 @@ def schedule_policy(rng: random.Random) -> Policy:
     policy.guard.max_unhealthy = rng.choice([1, 2, "50%"])
     policy.ladder.replace.requires_approval = rng.random() < 0.35
     policy.ladder.reboot.requires_approval = rng.random() < 0.1
-    policy.ladder.replace.approval_timeout = timedelta(hours=rng.choice([1, 24]))
+    policy.ladder.replace.approval_timeout = timedelta(hours=rng.choice([1, 2]))
     policy.validation.soak = timedelta(minutes=rng.choice([1, 10]))
     policy.probation = timedelta(minutes=rng.choice([10, 30]))
     policy.repeat_offender.threshold = rng.choice([2, 3])
@@ -120,7 +120,7 @@ def schedule_policy(rng: random.Random) -> Policy:
     return policy
 
 
-def make_schedule(seed: int, steps: int = 10, span_s: float = 3 * 3600.0) -> Schedule:
+def make_schedule(seed: int, steps: int = 10, span_s: float = 2 * 3600.0) -> Schedule:
     rng = random.Random(seed)
     pre = f"s{seed}"
     policy = schedule_policy(rng)
@@ -150,5 +150,5 @@ def make_schedule(seed: int, steps: int = 10, span_s: float = 3 * 3600.0) -> Sch
         # Off any grid: a signal and a timer at one instant trip the time-skipping server.
         sched.steps.append(Step(at_s=round(rng.uniform(2, span_s), 3), kind=kind, node=node, arg=arg))
     sched.steps.sort(key=lambda s: s.at_s)
-    sched.end_s = span_s + 26 * 3600.0 + 0.517
+    sched.end_s = span_s + 3 * 3600.0 + 0.517  # room for the slowest ladder (approval, reboot, probation)
     return sched

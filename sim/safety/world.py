@@ -73,6 +73,8 @@ class SimNode(FakeNode):
         ids = self.ids()[self.gpu]
         gpu_wide = fields["kind"] != "nic_ports_down" and "pci" not in fields
         extra = {"gpu_index": self.gpu, "uuid": ids.uuid, "serial": ids.serial} if gpu_wide else {}
+        if gpu_wide and self.mig and fields["kind"] == "xid":
+            extra["gpu_instance_id"] = 1  # NVML's Xid event names the MIG instance it hit
         if fields["kind"] in ONE_SHOT:
             extra["event_id"] = f"{self.name}/boot-{self.boot}/{self.event}"
         return [Finding(**fields, **extra, message=label)]
@@ -135,10 +137,9 @@ class SafetyWorld(FakeFleet):
     @activity.defn(name=c.KUBE_CHECK_NODE)
     async def check_node(self, req: c.NodeCheckRequest) -> c.NodeCheckResult:
         n = self.nodes.get(req.node)
-        if n is None or not n.exists:
-            return c.NodeCheckResult(exists=False, ours=False, reason=f"node {req.node} does not exist")
-        super()._node(req)
-        return c.NodeCheckResult(exists=True, ours=n.ours, reason="" if n.ours else f"{n.name} is not a GPU node")
+        if n is not None and n.exists and not n.ours:
+            return c.NodeCheckResult(exists=True, ours=False, reason=f"{n.name} is not a GPU node of this cluster")
+        return await super().check_node(req)
 
     @activity.defn(name=c.KUBE_QUARANTINE)
     async def quarantine(self, req: c.QuarantineRequest) -> c.QuarantineResult:
@@ -195,6 +196,7 @@ class SafetyWorld(FakeFleet):
         n = self._node(req)
         if req.dry_run:
             return c.ReplaceResult(instance_id=f"i-{n.name}", action="dry_run")
+        n.replaced_boot = n.boot  # as cloud.replace marks the Node
         if not n.replaced:
             n.replaced = True  # EC2 runs the instance on a while after terminate: its agent may report once more
             await self.later(0.2, "resend_replaced", n.name)
@@ -204,11 +206,13 @@ class SafetyWorld(FakeFleet):
     # --- node-local --------------------------------------------------------------------------------
     @activity.defn(name=c.NODE_KILL)
     async def kill(self, req: c.KillRequest) -> c.KillResult:
+        """As the real activity: the named GPUs' processes (every GPU's with all_gpus); on a GPU in
+        MIG mode only the named instances' (all of them on older requests, which name none)."""
         n = self._node(req)
-        gpus = set(req.gpus) or set(range(n.gpus))  # empty: every GPU (the contract)
-        instances = getattr(req, "mig_instances", None) or getattr(req, "instances", None)
+        gpus = set(range(n.gpus)) if getattr(req, "all_gpus", False) else set(req.gpus)
+        named = {(m.gpu_index, m.gpu_instance_id) for m in getattr(req, "mig", [])}
         hit = [(g, gi) for g, gi in n.processes() if g in gpus and (
-            not instances or gi is None or _instance_named(instances, g, gi))]
+            gi is None or not named or (g, gi) in named)]
         self._last().detail["signalled"] = hit
         if req.dry_run:
             return c.KillResult(dry_run=True)
@@ -239,7 +243,7 @@ class SafetyWorld(FakeFleet):
         self.policy_asked += 1
         policy = self.policy.model_copy(deep=True)
         jitter(policy, random.Random(f"{self.sched.seed}/{req.node}/{self.policy_asked}"))
-        return PolicyActivities(policy, "safety").snapshot
+        return PolicyActivities(policy, "safety", self.cluster).snapshot
 
     # --- ledger and guard ----------------------------------------------------------------------------
     @activity.defn(name=c.LEDGER_DENYLIST)
