@@ -21,7 +21,7 @@ from workflows.node_remediation import NodeRemediation
 from workflows.remediation_types import RemediationInput
 
 OPERATOR = "safety-operator"
-RPC_S = 10.0  # wall seconds an operator waits for an answer (the controller may be down)
+RPC_S = 5.0  # wall seconds an operator waits for an answer (the controller may be down)
 
 
 async def do_step(w: SafetyWorld, step: Step) -> None:
