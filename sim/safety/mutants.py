@@ -48,12 +48,13 @@ def applied(name: str | None):
         patch(RungActions, "_agent_missing_stops", lambda self, rung: "")
         patch(RungActions, "_kubelet_boot_id", no_boot_id)
     elif name == "kill_filter":
-        stop = RungActions._stop_gpu_processes
+        from activities import contracts as c
 
         async def kill_everything(self, summary, rp, whole_node):
-            return await stop(self, summary, rp, whole_node=True)  # every GPU's processes, as before
+            # The GPU filter gone: every GPU's processes, every MIG tenant's.
+            return await self._node_activity(c.NODE_KILL, c.KillRequest(
+                node=self.node, all_gpus=True, dry_run=self.policy.dry_run), c.KillResult, summary, rp)
         patch(RungActions, "_stop_gpu_processes", kill_everything)
-        patch(RungActions, "_mig_targets", lambda self: [])
     try:
         yield
     finally:

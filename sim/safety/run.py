@@ -25,7 +25,7 @@ from workers.embedded_temporal import binary, register_search_attributes
 SCHEDULE_WALL_S = float(os.environ.get("SAFETY_WALL_S", "240"))  # a batch's backstop
 WEDGE_EVENTS = 1500
 DEBUG = bool(os.environ.get("SAFETY_DEBUG"))
-STALL_S = float(os.environ.get("SAFETY_STALL_S", "15"))  # wall seconds the server's clock may stand still  # wall seconds a batch may take before its unfinished schedules count as stalled
+STALL_S = float(os.environ.get("SAFETY_STALL_S", "15"))  # wall seconds the clock may stop skipping
 
 
 @dataclass
