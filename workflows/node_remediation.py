@@ -76,6 +76,8 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
             why = take_report(self.s, raw, node=self.node, generation=self.inp.generation, policy=self.policy,
                               bounded=self._bounded, no_harm=self._no_harm, trusted=self._trusted_intake,
                               now_us=int(workflow.now().timestamp() * 10**6))
+        if self.s.held:
+            self._hold_news = True  # the held episode looks at the node again
         if self.s.stage is Stage.DONE and self._late_reports():
             # The episode has decided and is closing: this report is not acted on. Said where a person
             # looks; the sender's next report (the agent re-sends while unhealthy) starts a new episode.

@@ -19,10 +19,8 @@ with workflow.unsafe.imports_passed_through():
     from workflows.remediation_types import PATCH_APPROVAL_NO_LEASE, PATCH_REPEAT_PER_BOARD, Outcome, Stage
 
 
-HOLD_RECHECK = timedelta(hours=1)  # how often a held node's taint is looked at again
-
-
 class RemediationSteps(GuardClient):
+    _hold_news: bool = False  # a report came while the node was held
     async def _node_is_ours(self) -> bool:
         """A report for a node that does not exist, or is not a GPU node of ours, ends here: no lease,
         no cordon, no ledger, no denylist. When the API cannot say, the cordon's own checks decide."""
@@ -39,18 +37,18 @@ class RemediationSteps(GuardClient):
     async def _held_for_a_person(self) -> bool:
         """A node an earlier episode left quarantined stays so whatever is re-sent: reports are
         recorded, nothing is done, until an operator lifts the hold (`gpuheal lift NODE`, recorded
-        with who) or someone removes the taint (checked again every HOLD_RECHECK). True: still held."""
+        with who) or someone removes the taint (looked at again on each new report). True: still held."""
         if not self.s.held:
             return False
         if not any(a.step == "hold" for a in self.s.actions[-3:]):
             self._record("hold", f"{self.node} held for a person", True, self.s.held)
-        try:
-            await workflow.wait_condition(lambda: self.s.lifted_by is not None or self.s.cancel_reason is not None,
-                                          timeout=HOLD_RECHECK, timeout_summary=f"a person to lift {self.node}'s hold")
-        except TimeoutError:
-            return True  # the triage asks the API server again
+        # No timer: each new report has the triage ask the API server again (the taint may be gone),
+        # so a held node costs nothing while nobody writes to it.
+        self._hold_news = False
+        await workflow.wait_condition(lambda: self.s.lifted_by is not None or self.s.cancel_reason is not None
+                                      or self._hold_news)
         if self.s.lifted_by is None:
-            return True  # cancelled: the run loop ends the episode
+            return True  # cancelled (the run loop ends the episode), or news: the triage looks again
         done = await self._kube(c.KUBE_RETURN_TO_SERVICE, c.ReturnToServiceRequest(
             node=self.node, reason=f"hold lifted by {self.s.lifted_by}"), c.ReturnToServiceResult,
             f"uncordon {self.node}: hold lifted by {self.s.lifted_by}")
