@@ -33,9 +33,10 @@ def implicated_ids(w: SafetyWorld, n: SimNode) -> set[str]:
 
 
 def implicated_gpus(w: SafetyWorld, n: SimNode) -> set[int]:
-    """GPUs the agent's findings name; every GPU for a node-wide platform fault."""
+    """GPUs the agent's findings name; every GPU for a node-wide platform fault (the agent's, or a
+    node condition a watcher reported: the node is drained before such a reset)."""
     gpus = {f.gpu_index for f in n.genuine if f.gpu_index is not None}
-    if any(f.gpu_index is None and _platform(w, f) for f in n.genuine):
+    if any(f.gpu_index is None and _platform(w, f) for f in [*n.genuine, *n.watched]):
         gpus = set(range(n.gpus))
     return gpus
 
@@ -135,6 +136,8 @@ def implicated_processes(w: SafetyWorld, n: SimNode) -> set[tuple[int, int | Non
     """(GPU, MIG instance) of the processes the agent's findings implicate: a finding naming a MIG
     instance implicates only that instance's processes."""
     gpus = implicated_gpus(w, n)
+    if gpus == set(range(n.gpus)) and any(f.gpu_index is None and _platform(w, f) for f in [*n.genuine, *n.watched]):
+        return set(n.processes())  # a node-wide fault on a drained node: a whole-node reset stops them all
     named = {(f.gpu_index, getattr(f, "gpu_instance_id", None)) for f in n.genuine if f.gpu_index is not None}
     return {(g, gi) for g, gi in n.processes() if g in gpus and (
         gi is None or (g, None) in named or (g, gi) in named or not any(x[0] == g for x in named))}

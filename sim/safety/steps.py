@@ -200,6 +200,7 @@ async def _spoof_admission(w, step, n):
 async def _watchers(w, n, findings: list[Finding]) -> None:
     """Two condition-watcher replicas see the same condition and each sends it (kubelet's boot id)."""
     w.watcher_seq += 1
+    n.watched.extend(findings)
     for replica in (0, 1):
         report = HealthReport(node=n.name, boot_id=f"boot-{n.name}-{n.boot}", seq=10**15 + 2 * w.watcher_seq + replica,
                               source="watcher", findings=findings, detected_at=datetime.now(UTC))
