@@ -94,6 +94,9 @@ def check_replace(w: SafetyWorld) -> list[Violation]:
         last = rungs[-1] if rungs else None
         failed = last is not None and (
             any(x.kind == "validate" and not x.detail["passed"] for x in episode if x.n > last.n)
+            # the agent reporting the fault again after the rung (a recurrence in probation)
+            or any(x.kind == "report" and x.detail.get("source") == "agent" and x.detail.get("findings")
+                   for x in episode if x.n > last.n)
             or (last.kind == c.CLOUD_REBOOT and not last.detail.get("returns", True)))
         if w.policy.ladder.replace.requires_approval:
             out.append(("replace", f"{e}: replace requires approval and no operator approved it"))
