@@ -181,7 +181,7 @@ def check_holds(w: SafetyWorld) -> list[Violation]:
         if e.kind == "operator" and e.detail.get("done"):
             held.pop(e.node, None)
         ending = held.get(e.node)
-        if ending is not None and _by_episode(e) and (
+        if ending is not None and _by_episode(e) and not e.dry and (
                 e.kind in DESTRUCTIVE or (ending.detail["outcome"] == "replaced" and e.kind in SIDE_EFFECTS)):
             out.append(("hold", f"{e} after {e.node}'s episode ended {ending.detail['outcome']} ({ending})"))
             held.pop(e.node)
