@@ -230,12 +230,6 @@ class SafetyWorld(FakeFleet):
         n.apply("reset")
         return c.ResetResult(reset=req.gpus)
 
-    @activity.defn(name=c.NODE_INVENTORY)
-    async def inventory(self, req: c.InventoryRequest) -> c.InventoryResult:
-        """Admission's baseline is best effort: this stand-in cannot say what is there."""
-        self._node(req)
-        return c.InventoryResult(inventory=None)
-
     @activity.defn(name=c.NODE_VALIDATE)
     async def validate(self, req: c.ValidateRequest) -> c.ValidationResult:
         n = self._node(req)
@@ -278,7 +272,7 @@ class SafetyWorld(FakeFleet):
 
     def activities(self) -> list:
         acts = [a for a in super().activities() if getattr(a, "__name__", "") != "signal_guard"]
-        return [*acts, self.signal_guard, self.inventory]
+        return [*acts, self.signal_guard]
 
     # --- the agent -----------------------------------------------------------------------------------
     async def agent_report(self, n: SimNode, healthy: bool | None = None) -> None:
