@@ -32,10 +32,6 @@ def agent_policy():
 
 
 # --- defect 14: a replaced node is not replaced again ----------------------------------------------
-@pytest.mark.xfail(strict=True, reason="defect: kube.check_node compares the Node's *current* kubelet boot id with "
-                   "the replaced-boot mark, never the report's boot id: once a new host registers under the same "
-                   "name, the old host's late report (it runs on through a lifecycle hook) starts an episode that "
-                   "cordons, drains and replaces the new, healthy host")
 async def test_old_host_report_after_the_new_host_took_the_name_starts_nothing(ts_env, uniq):
     fleet = fleet_of(FakeFleet, ts_env, uniq)
     n = fleet.add(FakeNode(f"samename-{uniq}", [xid(54)], cured_by="none"))
