@@ -206,13 +206,15 @@ class CloudActivities:
         if req.dry_run:
             return c.ReplaceResult(instance_id=iid, action="dry_run")
         if req.mode == "karpenter":
-            # Karpenter replaces capacity whose Node (and NodeClaim) is deleted.
+            # Karpenter replaces capacity whose Node (and NodeClaim) is deleted. Marked first: its
+            # termination finalizer keeps the Node (and the old host reporting) while it drains.
+            marked = await self._mark_replaced(req.node, req.idempotency_key)
             try:
                 await call_api(self.core.delete_node, req.node)
             except ApiException as err:
                 if err.status != 404:
                     raise
-            return c.ReplaceResult(instance_id=iid, action="karpenter")
+            return c.ReplaceResult(instance_id=iid, action="karpenter", marked=marked)
         asg = None
         if req.mode == "auto":
             found = await self._aws("describe ASG membership", self.autoscaling.describe_auto_scaling_instances,

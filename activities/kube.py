@@ -238,6 +238,10 @@ class KubeActivities:
             if err.status == 404:
                 return c.NodeCheckResult(exists=False, ours=False, reason=f"node {req.node} does not exist")
             self._raise_mapped("get", f"nodes/{req.node}", err)
+        if n.metadata.deletion_timestamp is not None:
+            # Being deleted (a Karpenter replacement's finalizer holds it while the instance goes).
+            return c.NodeCheckResult(exists=True, ours=False, reason=f"node {req.node} is being deleted "
+                                     f"(since {n.metadata.deletion_timestamp}): no node to remediate")
         if (why := replaced_host(n, req.boot_id)) is not None:
             return c.NodeCheckResult(exists=True, ours=False, reason=why)
         if self.gpu_node_selector:

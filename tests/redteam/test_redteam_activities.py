@@ -190,10 +190,6 @@ def test_dynamo_board_count_without_serials_counts_each_gpu_apart(aws):
     assert ledger.count_recent(["GPU-1"], since, "e1", by_board=True) == 0
 
 
-@pytest.mark.xfail(strict=True, reason="defect: a Karpenter replacement deletes the Node and writes no replaced mark; "
-                   "Karpenter's termination finalizer keeps the Node (deletionTimestamp set) while it drains and "
-                   "terminates the instance, and kube.check_node calls that node ours: the old host's last report "
-                   "starts a second episode (cordon, drain, reboot, replace, denylist, ledger) - defect 14 again")
 async def test_karpenter_replaced_node_held_by_its_finalizer_is_not_ours(cloud):  # noqa: F811
     from activities.kube import KubeActivities
     acts, instance, ec2, _, kube = cloud
