@@ -87,9 +87,6 @@ async def test_reboot_that_never_happened_does_not_replace(ts_env, uniq):
         f"replaced on a reboot that never happened: {result.outcome} {result.rungs}"
 
 
-@pytest.mark.xfail(strict=True, reason="defect: after a reboot with no agent report, an unreadable kubelet boot id "
-                   "(cloud.boot_id failing) counts as 'the machine did not come back': replace + denylist on no "
-                   "evidence, where doubt should leave the node quarantined for a person")
 async def test_agent_gone_after_reboot_and_boot_id_unreadable_is_not_replaced(ts_env, uniq):
     fleet = fleet_of(FakeFleet, ts_env, uniq, agent_policy())
     # The agent reported the fault, then is gone from the new boot on; the boot id cannot be read.
@@ -242,9 +239,6 @@ async def test_dry_run_starting_at_reboot_ends_dry_without_replacing(ts_env, uni
             assert all(r.dry_run for r in reqs), f"{kind} sent without dry_run"
 
 
-@pytest.mark.xfail(strict=True, reason="defect (same root as the unreadable boot id): the condition watcher reported "
-                   "the kubelet's new boot id, so the machine did come back, yet with cloud.boot_id failing and no "
-                   "agent the timeout branch ignores what the watcher said and replaces + denylists")
 async def test_watcher_saw_the_new_boot_agent_gone_boot_id_unreadable_is_not_replaced(ts_env, uniq):
     fleet = fleet_of(FakeFleet, ts_env, uniq, agent_policy())
     n = fleet.add(FakeNode(f"blindw-{uniq}", [xid(79)], cured_by="reboot", after_reboot="watcher",
