@@ -163,6 +163,10 @@ class RungActions(GuardClient):
             why = (f"{self.node}'s boot id cannot be read (no agent from a new boot, the kubelet's unreadable): "
                    "whether it rebooted is unknown; no evidence about the hardware, so nothing is replaced or "
                    "denylisted: it stays quarantined for a person")
+        elif after == kubelet_before and (self.s.seq_by_boot.get(f"agent:{agent_before}") or 0) > (agent_seq or 0):
+            why = (f"reboot not taken: {self.node} still runs boot {after} and its agent reports on from it; "
+                   "the machine never went down, so that is no evidence for a replacement: it stays "
+                   "quarantined for a person")
         else:
             return False
         self._finish(Outcome.QUARANTINED, why)

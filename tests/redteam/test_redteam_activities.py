@@ -27,9 +27,6 @@ def tags_of(ec2, iid: str) -> dict[str, str]:
     return {t["Key"]: t["Value"] for t in ec2.describe_tags(Filters=[{"Name": "resource-id", "Values": [iid]}])["Tags"]}
 
 
-@pytest.mark.xfail(strict=True, reason="defect: RebootInstances failing with a connection error (not a ClientError) "
-                   "leaves the key `pending`; the retry then falls inside the boot window and answers rebooted=True "
-                   "without ever sending the reboot")
 async def test_reboot_whose_request_never_left_is_sent_on_retry(cloud):  # noqa: F811
     acts, instance, ec2, _, kube = cloud
     iid = instance("n1")

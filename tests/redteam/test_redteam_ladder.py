@@ -8,7 +8,6 @@ import asyncio
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-import pytest
 from temporalio import activity
 
 from activities import contracts as c
@@ -76,9 +75,6 @@ class RebootNotTaken(FakeFleet):
         return c.RebootResult(instance_id=f"i-{n.name}", rebooted=True, from_boot=f"kubelet-{n.boot}")
 
 
-@pytest.mark.xfail(strict=True, reason="defect: a reboot wait that times out while the agent reports on from the old "
-                   "boot (and the kubelet shows no new boot) is read as 'did not come back from reboot': the episode "
-                   "replaces and denylists hardware although the machine provably never went down")
 async def test_reboot_that_never_happened_does_not_replace(ts_env, uniq):
     fleet = fleet_of(RebootNotTaken, ts_env, uniq)
     n = fleet.add(FakeNode(f"noboot-{uniq}", [xid(79)], cured_by="reboot"))
