@@ -106,9 +106,6 @@ class ListedThenGone(SimulatedNvml):
         return out
 
 
-@pytest.mark.xfail(strict=True, reason="defect: the start time is read after the NVML listing, so a pid reused "
-                   "between the listing and the /proc read is recorded with the *new* process's start time and "
-                   "then passes the start-time check; the kill signals a process that holds no GPU context")
 async def test_kill_never_signals_a_pid_reused_right_after_the_listing(tmp_path):
     from health.nics import NicExpectation
     from health.runner import ProbeConfig
