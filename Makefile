@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo lint histories clean
+.PHONY: test demo lint histories clean safety safety-mutants
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -27,3 +27,13 @@ histories: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .gpuheal
+
+# The safety simulation (sim/safety): seeded random schedules over the real workflows on the
+# time-skipping server, invariants checked over every side effect. SEED=n replays one schedule.
+SCHEDULES ?= 20000
+safety: $(STAMP)
+	$(PY) -m sim.safety $(if $(SEED),--seed $(SEED),--schedules $(SCHEDULES)) $(if $(MUTANT),--mutant $(MUTANT))
+
+# Each safeguard switched off in turn (sim/safety/mutants.py): the simulation must find a violation.
+safety-mutants: $(STAMP)
+	SAFETY_MUTANTS=1 $(VENV)/bin/pytest -q -s tests/sim/test_safety.py -k safeguard

@@ -250,7 +250,10 @@ class KubeActivities:
             if not found.items:
                 return c.NodeCheckResult(exists=True, ours=False,
                                          reason=f"node {req.node} does not match the GPU node selector {self.gpu_node_selector}")
-        held = next((t.value or "fault" for t in (n.spec.taints or []) if t.key == c.QUARANTINE_TAINT), None)
+        # gpuheal's taint on a Node it replaced (a new host registered under the name) was the old
+        # host's: it holds nothing for the new one.
+        held = None if c.REPLACED_ANNOTATION in (n.metadata.annotations or {}) else next(
+            (t.value or "fault" for t in (n.spec.taints or []) if t.key == c.QUARANTINE_TAINT), None)
         return c.NodeCheckResult(exists=True, ours=True, quarantined=held)
 
     @activity.defn(name=c.KUBE_FLEET_SIZE)

@@ -34,6 +34,7 @@ from health.nics import NicExpectation
 from health.runner import ProbeConfig
 from policies.findings import Finding
 from policies.model import Policy, Rung
+from sim.events import apply_event
 from sim.fake_kube import FakeKubeServer
 from sim.load_device import sim_opener
 from sim.nvml import SimulatedNvml
@@ -58,6 +59,7 @@ class SimNodeActivities(NodeActivities):
     async def kill_gpu_processes(self, req: c.KillRequest) -> c.KillResult:
         result = await super().kill_gpu_processes(req)
         if not req.dry_run:
+            self.host.killed += [{"pid": p.pid, "gpu": p.gpu_index, "pod": p.pod} for p in result.killed]
             self.host.acted_on("kill")
         return result
 
@@ -66,7 +68,10 @@ class SimNodeActivities(NodeActivities):
         self.host.calls.append(c.NODE_RESET)
         if not req.dry_run:
             self.host.acted_on("reset")
-        return await super().reset_gpu(req)
+        result = await super().reset_gpu(req)
+        if not req.dry_run:
+            self.host.resets.append(result.reset)
+        return result
 
     @activity.defn(name=c.NODE_VALIDATE)
     async def validate(self, req: c.ValidateRequest) -> c.ValidationResult:
@@ -92,6 +97,8 @@ class SimHost:
     agent_down: bool = False  # the agent was stopped: no probes, no reports, nobody polls node/<name>
     injected: bool = False
     calls: list[str] = field(default_factory=list)  # node-local activities run here, in order
+    killed: list[dict] = field(default_factory=list)  # processes the kill activity signalled: pid, gpu, pod
+    resets: list[list[int]] = field(default_factory=list)  # GPUs of each reset
 
     @property
     def sysfs(self) -> Path:
@@ -226,18 +233,25 @@ class SimulatedFleet:
             cloud = CloudActivities(*(session.client(s, endpoint_url=aws, config=AWS_CLIENT_CONFIG) for s in ("ec2", "autoscaling", "ssm")), core)
             self.ledger = SqliteLedger(self.ledger_path or self.tmp / "ledger.db")
             ledger, guard = LedgerActivities(self.ledger), GuardActivities(self.temporal)
-            workers.append(controller_worker(self.temporal, self.task_queue,
-                                             controller_activities(KubeActivities(core), cloud, ledger, guard,
-                                                                   PolicyActivities(self.policy, "scenario"))))
-        for host in self.hosts.values():
+            # Kept to start the controller again (a scenario's controller_restart event).
+            self.new_controller = lambda: controller_worker(self.temporal, self.task_queue, controller_activities(
+                KubeActivities(core), cloud, ledger, guard, PolicyActivities(self.policy, "scenario")))
+            self.controller = self.new_controller()
+            workers.append(self.controller)
+
+        def node_worker(host: SimHost) -> Worker:
             acts = SimNodeActivities(host, self.agent_config(host).probe, host.nv, proc=host.proc, nvidia_smi=str(smi),
                                      dcgmi=str(self.tmp / "no-dcgmi"), open_devices=sim_opener(host.nv))
-            host.worker = Worker(self.temporal, task_queue=node_task_queue(host.name), activities=acts.activities())
+            return Worker(self.temporal, task_queue=node_task_queue(host.name), activities=acts.activities())
+        self.new_node_worker = node_worker  # an agent started again (a scenario's agent_start event)
+        for host in self.hosts.values():
+            host.worker = node_worker(host)
             workers.append(host.worker)
         try:
             async with contextlib.AsyncExitStack() as stack:
                 for w in workers:
                     await stack.enter_async_context(w)
+                stack.push_async_callback(self._stop_restarted)
                 yield self
         finally:
             api.close()
@@ -271,8 +285,11 @@ class SimulatedFleet:
         loop = asyncio.get_running_loop()
         start = loop.time()
         pending = sorted(self.scenario.faults, key=lambda f: f.at)
+        events = sorted(self.scenario.events, key=lambda e: e.at)
         while loop.time() - start < deadline_s:
             elapsed = loop.time() - start
+            while events and events[0].at.total_seconds() * self.scenario.time_scale <= elapsed:
+                await apply_event(self, events.pop(0))
             while pending and pending[0].at.total_seconds() * self.scenario.time_scale <= elapsed:
                 f = pending.pop(0)
                 host = self.hosts[f.node]
@@ -282,10 +299,16 @@ class SimulatedFleet:
             await self._beat()
             if on_tick is not None:
                 await on_tick(self)
-            if not pending and await self._all_settled():
+            if not pending and not events and await self._all_settled():
                 return
             await asyncio.sleep(self.poll_s)
         raise TimeoutError(f"scenario {self.scenario.name} did not settle within {deadline_s:.0f}s")
+
+    async def _stop_restarted(self) -> None:
+        """Workers the scenario's events started (an agent or the controller started again)."""
+        for w in getattr(self, "restarted", []):
+            with contextlib.suppress(Exception):
+                await w.shutdown()
 
     async def serve(self) -> None:
         """Keep every host beating after the scenario (the demo's --keep): hand-sent reports get

@@ -16,6 +16,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from activities.contracts import guard_workflow_id, remediation_workflow_id
 from policies.model import Policy
+from sim.events import side_effects
 from sim.fleet import SimulatedFleet
 from sim.scenario import Scenario
 from workers import telemetry
@@ -145,7 +146,8 @@ async def _play(scenario: Scenario, policy: Policy, client: Client, on_tick, aft
             finally:
                 if hasattr(on_tick, "stop"):
                     on_tick.stop()  # the live table ends before the results print
-            faulty = sorted({f.node for f in scenario.faults})
+            faulty = sorted({f.node for f in scenario.faults} | {e.node for e in scenario.events if e.kind in (
+                "report", "condition_set", "operator") and e.node})
             if not late:
                 await wait_visible(client, faulty)
             rows = [await node_outcome(client, n, since) if n in faulty else healthy_row(n)
@@ -168,6 +170,8 @@ async def _play(scenario: Scenario, policy: Policy, client: Client, on_tick, aft
                 if not e.allowed:
                     refused[e.node] = refused.get(e.node, 0) + 1
             fleet_doc["evictions_refused_by_pdb"] = refused  # node -> 429s its drain waited through
+            for row in rows:
+                row["side_effects"] = side_effects(fleet, row["node"])
             doc = {"scenario": scenario.name, "nodes": rows, "fleet": fleet_doc, "deadline_passed": late}
             if after is not None:
                 await after(doc, fleet)

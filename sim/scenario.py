@@ -64,6 +64,41 @@ class Fault(_Strict):
         return self
 
 
+EventKind = Literal["agent_stop", "agent_start", "report", "operator", "condition_set", "condition_clear",
+                    "controller_restart"]
+Command = Literal["pause", "resume", "approve", "skip", "cancel"]
+
+
+class Event(_Strict):
+    """Something besides the faults, at a scenario time: the agent stops or starts again, another
+    sender reports (`source`, optional fault), an operator acts, a node condition is set or
+    cleared (what the condition watcher reports), the controller restarts."""
+
+    at: Duration = Field(default=timedelta(0))
+    kind: EventKind
+    node: str | None = None
+    command: Command | None = None
+    rung: Literal["kill", "reset", "reboot", "replace"] | None = Field(default=None, description="For skip.")
+    source: str = Field(default="manual", description="For report: who sends it (manual, watcher, ...).")
+    boot_id: str | None = Field(default=None, description="For report: the boot id it claims (default: the node's own).")
+    fault: FaultKind | None = Field(default=None, description="For report: the fault it claims; none: healthy.")
+    xid: int | None = None
+    gpu: int = Field(default=0, ge=0)
+    condition: str = Field(default="GpuDriverReady", description="For condition_set/clear: the condition's type.")
+
+    @model_validator(mode="after")
+    def _complete(self) -> Event:
+        if self.kind != "controller_restart" and self.node is None:
+            raise ValueError(f"{self.kind} needs a node")
+        if self.kind == "operator" and self.command is None:
+            raise ValueError("operator needs a command (pause, resume, approve, skip, cancel)")
+        if self.command == "skip" and self.rung is None:
+            raise ValueError("skip needs a rung")
+        if self.fault == "xid" and self.xid is None:
+            raise ValueError("fault xid needs an xid")
+        return self
+
+
 DEFAULT_DEADLINE = timedelta(days=7)
 
 
@@ -77,6 +112,7 @@ class Scenario(_Strict):
                                   "(default: a week of scenario time, and never under 600 s of wall clock).")
     fleet: Fleet = Field(default_factory=Fleet)
     faults: list[Fault] = Field(default_factory=list)
+    events: list[Event] = Field(default_factory=list)
 
     def deadline_s(self) -> float:
         """The wall-clock seconds simulate gives the scenario to settle."""
@@ -93,6 +129,9 @@ class Scenario(_Strict):
                                  f"gpu-node-{self.fleet.nodes - 1})")
             if f.gpu >= self.fleet.gpus_per_node:
                 raise ValueError(f"faults.{i}.gpu: {f.gpu} but nodes have {self.fleet.gpus_per_node} GPUs")
+        for i, e in enumerate(self.events):
+            if e.node is not None and e.node not in names:
+                raise ValueError(f"events.{i}.node: unknown node {e.node!r}")
         for i, j in enumerate(self.fleet.jobs):
             for n in j.nodes:
                 if n not in names:

@@ -66,9 +66,11 @@ async def test_agent_learns_its_baseline_then_flags_a_lost_port(dev_env, aws, tm
     async with gpu_cluster(dev_env, aws, tmp_path, uniq, policy) as st:
         write_ib_ports(tmp_path / "ib", [PORT_UP] * 8)  # no profile names these: only the baseline will
         agent = looking_agent(dev_env, st, policy, tmp_path)
-        assert await step_and_look(agent) is None  # asks: no profile, no baseline yet
-        assert agent.expectations.profile_name is None and agent.expectations.baseline is None
-        assert await step_and_look(agent) is None  # healthy: what it has is recorded, learned
+        assert baseline_of(st) is None
+        # The first cycle waits for the controller's answer (no profile, no baseline yet), is healthy,
+        # and sends what it saw: recorded as the node's baseline, learned, not validated.
+        assert await step_and_look(agent) is None
+        assert agent.expectations.profile_name is None and "learned baseline only" in agent.expectations.reason
         base = baseline_of(st)
         assert base is not None and not base.validated and base.summary() == "8 GPUs, 8x400 Gb/s infiniband, PCIe Gen5 x16"
         assert agent.expectations.baseline == base and "learned baseline recorded" in agent.expectations.recorded
@@ -83,10 +85,9 @@ async def test_controller_tells_the_agent_its_profile(dev_env, aws, tmp_path, un
     async with gpu_cluster(dev_env, aws, tmp_path, uniq, policy) as st:
         label(st, P5)  # aws-p5: 32 EFA ports expected, and the node has none
         agent = looking_agent(dev_env, st, policy, tmp_path)
-        await step_and_look(agent)
+        report = await step_and_look(agent)  # the first cycle already probes against the profile
         assert agent.expectations.profile_name == "aws-p5" and "instance type p5.48xlarge" in agent.expectations.reason
         assert agent.config.probe.nics.kind == "efa" and agent.config.probe.expected_gpus == 8
-        report = await agent.step()
         assert [f.kind for f in report.findings] == ["nic_ports_down"]
         assert "0 of 32 efa ports" in report.findings[0].message
         assert baseline_of(st) is None, "an unhealthy node learns no baseline"

@@ -107,6 +107,9 @@ class Agent:
     async def step(self) -> HealthReport | None:
         """One poll; returns the report it sent, if any."""
         self._look_up_expectations()
+        if self.expectations is None and self._lookup is not None:
+            # Until the first answer, give the controller a moment: a cycle without its profile checks less.
+            await asyncio.wait({self._lookup}, timeout=10)
         snap = await asyncio.to_thread(run_cycle, self.config.probe, self.nv)
         if not snap.findings and snap.inventory is not None:
             self._look_up_expectations(learn=snap.inventory)

@@ -459,7 +459,8 @@ def cmd_history(args) -> int:
 def cmd_episode_update(args) -> int:
     from workers import operator as op
 
-    update, extra = {"approve": ("approve", [getattr(args, "rung", "")]), "replace": ("skip_to", ["replace"])}[args.command]
+    update, extra = {"approve": ("approve", [getattr(args, "rung", "")]), "replace": ("skip_to", ["replace"]),
+                     "lift": ("lift", [getattr(args, "reason", "")])}[args.command]
     return _operator(args, lambda c: op.update_episode(c, args.node, update, *extra))
 
 

@@ -192,6 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     operator_cmd("approve", "approve the rung a node's episode waits on", cli.cmd_episode_update, "required").add_argument(
         "rung", choices=[r.value for r in Rung], help="the rung you approve (as `status` shows it)")
     operator_cmd("replace", "skip a node's episode straight to replacement", cli.cmd_episode_update, "required")
+    operator_cmd("lift", "lift the hold on a node left quarantined for a person (uncordons it; you are recorded)",
+                 cli.cmd_episode_update, "required").add_argument("--reason", default="", help="what was done")
     operator_cmd("guard", "the fleet guard: budget, leases and holders, waiters and why, gates, canaries", cli.cmd_guard).add_argument(
         "-w", "--watch", action="store_true", help="show it again whenever it changes, until Ctrl-C")
     operator_cmd("pause", "pause new disruptive leases in the cluster", cli.cmd_guard_update).add_argument("--reason", default="")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 
 from policies.loader import PolicyError, load_policy
@@ -33,16 +32,18 @@ def cmd_profiles(args) -> int:
                      "mode": p.mode if p else "act",
                      "baseline": base.model_dump(mode="json") if base else None,
                      "baseline_summary": f"{base.summary()} ({base.origin()})" if base else ""})
+    from workers import render
+
     if args.json:
-        sys.stdout.write(json.dumps({"policy": policy.name, "nodes": rows}, indent=1) + "\n")
+        sys.stdout.write(render.document({"policy": policy.name, "nodes": rows}, render.MACHINE["format"]) + "\n")
         return 0
-    width = max([len(r["node"]) for r in rows] + [4])
-    for r in rows:
-        print(f"{r['node']:{width}}  {r['profile'] or '(none)':22} {r['mode']:8} {r['reason']}")
-        if r["baseline_summary"]:
-            print(f"{'':{width}}  baseline: {r['baseline_summary']}")
     if not rows:
         print(f"no nodes match {args.gpu_node_selector!r}")
+        return 0
+    wide = getattr(args, "output", "table") == "wide"
+    columns = ["node", "profile", "mode", "baseline", "why"] if wide else ["node", "profile", "mode", "why"]
+    print(render.table(columns, [[r["node"], r["profile"] or "(none)", r["mode"],
+                                  *([r["baseline_summary"] or "(none)"] if wide else []), r["reason"]] for r in rows]))
     return 0
 
 

@@ -53,7 +53,7 @@ def logs_to_file(path: Path):
         log.close()
 
 
-def _children(pid: int) -> list[int]:
+def children(pid: int) -> list[int]:
     """Processes whose parent is `pid` (Linux /proc)."""
     found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
@@ -97,7 +97,7 @@ def stop_leftover_dev_server() -> str | None:
 async def dev_server_watched():
     """Record the dev server this process started, and keep a watchdog that stops it if this
     process dies without shutting it down (SIGKILL gives no chance to clean up)."""
-    servers = [pid for pid in _children(os.getpid()) if _is_dev_server(pid)]
+    servers = [pid for pid in children(os.getpid()) if _is_dev_server(pid)]
     if not servers:
         yield
         return

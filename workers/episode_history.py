@@ -65,6 +65,7 @@ async def closed_episode(client: Client, handle: WorkflowHandle) -> dict:
     from the completion event; a run that continued as new says so."""
     steps: list[dict] = []
     scheduled: dict[int, dict] = {}
+    timers: dict[str, dict] = {}
     outcome: dict = {"outcome": None, "reason": None, "rungs": []}
     async for event in handle.fetch_history_events():
         at = event.event_time.ToDatetime().isoformat()
@@ -80,8 +81,14 @@ async def closed_episode(client: Client, handle: WorkflowHandle) -> dict:
             if step is not None:
                 steps.append({**step, "ok": ok, "detail": _result_text(client, attrs, ok, step["step"])})
         elif kind == EventType.EVENT_TYPE_TIMER_STARTED:
-            steps.append({"at": at, "step": "timer", "summary": _summary(client, event) or "timer",
-                          "ok": True, "detail": None})
+            timers[event.timer_started_event_attributes.timer_id] = step = {
+                "at": at, "step": "timer", "summary": _summary(client, event) or "timer", "ok": True,
+                "detail": f"for {event.timer_started_event_attributes.start_to_fire_timeout.ToTimedelta()}"}
+            steps.append(step)
+        elif kind == EventType.EVENT_TYPE_TIMER_CANCELED:
+            # A wait that ended early: what it waited for came (a grant, an answer, an operator).
+            if (step := timers.get(event.timer_canceled_event_attributes.timer_id)) is not None:
+                step["detail"] = f"{step['detail']}, ended early at {at[11:19]}"
         elif kind == EventType.EVENT_TYPE_MARKER_RECORDED and event.marker_recorded_event_attributes.marker_name == "core_local_activity":
             data = event.marker_recorded_event_attributes.details.get("data")
             meta = client.data_converter.payload_converter.from_payload(data.payloads[0], None) if data else {}

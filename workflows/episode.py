@@ -24,6 +24,7 @@ with workflow.unsafe.imports_passed_through():
         PATCH_DO_NO_HARM,
         PATCH_EPISODE_IDENTITY,
         PATCH_GUARD_ADMISSION,
+        PATCH_LATE_REPORTS,
         PATCH_LOCAL_CLUSTER_CALLS,
         PATCH_QUARANTINE_HOLD,
         PATCH_STICKY_CONDITIONS,
@@ -90,6 +91,10 @@ class Episode:
     def _sticky(self) -> bool:
         """Conditions set before the node's last episode are no news (PATCH_STICKY_CONDITIONS)."""
         return workflow.patched(PATCH_STICKY_CONDITIONS)
+
+    def _late_reports(self) -> bool:
+        """Reports during the close are recorded (PATCH_LATE_REPORTS)."""
+        return workflow.patched(PATCH_LATE_REPORTS)
 
     def _local_cluster_calls(self) -> bool:
         """Short cluster-side calls (cordon, pod marks, events, ledger, guard signals) run as local
@@ -214,5 +219,5 @@ class Episode:
             node=self.node, outcome=self.s.outcome, reason=self.s.outcome_reason,
             fault_class=t.fault_class if t else None, attribution=t.attribution if t else None,
             rungs=self.s.rungs_tried, validations=self.s.validations,
-            detect_to_cordon_ms=self.s.detect_to_cordon_ms, run_ids=self.s.run_ids,
+            detect_to_cordon_ms=self.s.detect_to_cordon_ms, run_ids=self.s.run_ids, late_reports=self.s.late_reports,
         )

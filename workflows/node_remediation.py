@@ -35,7 +35,7 @@ with workflow.unsafe.imports_passed_through():
         RemediationStatus,
         Stage,
     )
-    from workflows.report_intake import record_rejection, take_report
+    from workflows.report_intake import describe, record_rejection, take_report
     from workflows.rungs import RungActions
     from workflows.suspect import PATCH_SUSPECT_LOAD_TEST, SuspectCheck
     from workflows.validation import PATCH_LOAD_VALIDATION
@@ -76,6 +76,12 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
             why = take_report(self.s, raw, node=self.node, generation=self.inp.generation, policy=self.policy,
                               bounded=self._bounded, no_harm=self._no_harm, trusted=self._trusted_intake,
                               now_us=int(workflow.now().timestamp() * 10**6))
+        if self.s.stage is Stage.DONE and self._late_reports():
+            # The episode has decided and is closing: this report is not acted on. Said where a person
+            # looks; the sender's next report (the agent re-sends while unhealthy) starts a new episode.
+            self.s.late_reports += 1
+            self._record("report", f"report for {self.node} after the episode ended ({self.s.outcome.value})", False,
+                         f"{describe(raw)}; not acted on ({why or 'accepted'}): the next report starts a new episode")
         if why is not None:
             record_rejection(self.s, why, raw, workflow.now())
             workflow.logger.warning("rejected report for %s: %s", self.node, why)
@@ -240,7 +246,7 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
         self._profiles = workflow.patched(PATCH_NODE_PROFILES)
         self._lease_backoff = workflow.patched(PATCH_LEASE_BACKOFF)
         workflow.patched(PATCH_LOAD_VALIDATION), workflow.patched(PATCH_SUSPECT_LOAD_TEST)  # read where used
-        self._trusted_intake(), self._identity(), self._holds(), self._sticky()
+        self._trusted_intake(), self._identity(), self._holds(), self._sticky(), self._late_reports()
         if workflow.info().continued_run_id and self.s.policy_sha256:
             return
         snap = await take_controller_policy(self.node)

@@ -48,6 +48,9 @@ PATCH_QUARANTINE_HOLD = "quarantine-hold"
 # A report whose findings are only node conditions set before the node's last episode started (a
 # sticky condition re-sent by another watcher replica) starts nothing (issue 22: 7).
 PATCH_STICKY_CONDITIONS = "sticky-conditions"
+# A report that arrives while the episode closes is recorded (history, status, result), not lost
+# silently (issue 22: 15c).
+PATCH_LATE_REPORTS = "late-reports"
 # Issue 22 (do no harm, second pass), one id per defect so each can be told apart in a history.
 PATCH_DRY_RUN_DENYLIST = "dry-run-no-denylist"  # 1: a dry run writes no denylist entry
 PATCH_AGENT_MISSING_TOP = "agent-missing-at-reboot"  # 2: no replace for an agent that did not come back
@@ -169,6 +172,7 @@ class RemediationState(BaseModel):
     held: str = Field(default="", description="Why the node is held for a person (an earlier episode left it quarantined).")
     lifted_by: str | None = Field(default=None, description="Who lifted the hold (the `lift` update's caller).")
     lift_reason: str = ""
+    late_reports: int = 0
     suspect_tested: bool = Field(default=False, description="A suspect node's load test before the ladder has run.")
     pods_marked: list[str] = Field(default_factory=list, description="Pods the fault's attribution was marked on.")
     pods_evicted: list[str] = Field(default_factory=list, description="Pods the drain evicted.")
@@ -215,6 +219,7 @@ class RemediationStatus(BaseModel):
     validations: int
     boot_id: str | None
     run_ids: list[str]
+    late_reports: int = Field(default=0, description="Reports that arrived while the episode closed (each in its actions).")
     agent_missing: bool = False
     implicated: list[str] = Field(default_factory=list)
     policy_name: str = ""
@@ -236,3 +241,4 @@ class RemediationResult(BaseModel):
     validations: int
     detect_to_cordon_ms: int | None
     run_ids: list[str]
+    late_reports: int = Field(default=0, description="Reports that arrived while the episode closed (each in its actions).")

@@ -144,6 +144,16 @@ def _accept(s: RemediationState, r: HealthReport, generation: Generation, policy
             s.recurrence = r.model_copy(update={"findings": news}) if no_harm() else r
 
 
+def describe(raw: Any) -> str:
+    """A report, as received, in a few words for a person: sender, sequence and findings."""
+    if not isinstance(raw, dict):
+        return repr(raw)[:200]
+    found = [f"{f.get('kind')}{' ' + str(f['xid']) if f.get('xid') is not None else ''}"
+             for f in raw.get("findings") or [] if isinstance(f, dict)]
+    return (f"seq {raw.get('seq')} from {str(raw.get('source', 'agent'))[:64]}, boot {str(raw.get('boot_id'))[:64]}: "
+            + (", ".join(found[:8]) or "healthy"))
+
+
 def record_rejection(s: RemediationState, reason: str, raw: Any, now: datetime) -> None:
     """Kept in `status` (the newest few, with an excerpt) and counted: a rejected report is never lost silently."""
     s.rejected_total += 1

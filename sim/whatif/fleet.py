@@ -95,6 +95,7 @@ class WhatIfFleet:
     records: list[c.RemediationRecord] = field(default_factory=list)
     denylist: dict[str, str] = field(default_factory=dict)
     denylisted_nodes: set[str] = field(default_factory=set)
+    admitted_hw: dict[str, set[str]] = field(default_factory=dict)  # node -> hardware it was admitted with
     calls: Counter = field(default_factory=Counter)
     jobs_interrupted: int = 0
     dropped: int = 0  # faults that arrived while their slot's node was being replaced
@@ -313,6 +314,13 @@ class WhatIfFleet:
         """The what-if models no hardware inventory: admission records no baseline (it says so)."""
         return c.InventoryResult(inventory=None)
 
+    @activity.defn(name=c.NODE_HARDWARE_IDS)
+    async def hardware_ids(self, req: c.HardwareIdsRequest) -> c.HardwareIdsResult:
+        """What the node's own NVML says: admission checks these, never a sender's claim."""
+        gpus = self._node(req).ids()
+        return c.HardwareIdsResult(hardware_ids=sorted({g.uuid for g in gpus} | {g.serial for g in gpus if g.serial}),
+                                   gpus=len(gpus))
+
     @activity.defn(name=c.NODE_VALIDATE)
     async def validate(self, req: c.ValidateRequest) -> c.ValidationResult:
         n = self._node(req)
@@ -339,6 +347,23 @@ class WhatIfFleet:
     async def check_denied(self, req: c.CheckDeniedRequest) -> c.CheckDeniedResult:
         return c.CheckDeniedResult(denied={i: self.denylist[i] for i in req.hardware_ids if i in self.denylist})
 
+    @activity.defn(name=c.LEDGER_ADMIT)
+    async def admit(self, req: c.AdmitRequest) -> None:
+        self.admitted_hw.setdefault(req.node, set()).update(req.hardware_ids)
+
+    @activity.defn(name=c.LEDGER_ADMITTED)
+    async def admitted(self, req: c.AdmittedRequest) -> c.AdmittedResult:
+        return c.AdmittedResult(hardware_ids=sorted(self.admitted_hw.get(req.node, set())))
+
+    @activity.defn(name=c.LEDGER_LAST_STARTED)
+    async def last_started(self, req: c.LastStartedRequest) -> c.LastStartedResult:
+        starts = [r.started_at for r in self.records if r.node == req.node and r.episode != req.exclude_episode]
+        return c.LastStartedResult(started_at=max(starts, default=None))
+
+    @activity.defn(name=c.LEDGER_LOAD_FIGURES)
+    async def load_figures(self, rec: c.LoadFiguresRecord) -> None:
+        """The what-if models no load figures (its validation returns none): nothing to keep."""
+
     @activity.defn(name=c.LEDGER_BASELINE)
     async def sku_baseline(self, req: c.BaselineRequest) -> c.BaselineResult:
         """No load figures in the what-if: a load test is judged against the shipped floors."""
@@ -358,15 +383,20 @@ class WhatIfFleet:
         return [self.deliver, self.quarantine, self.return_to_service, self.attribute_pods, self.drain, self.event,
                 self.check_node, self.count_fleet, self.quarantined_nodes, self.reboot, self.kubelet_boot_id,
                 self.replace, self.record, self.count_recent, self.check_denied, self.denylist_add, self.sku_baseline,
+                self.admit, self.admitted, self.last_started, self.load_figures,
                 PolicyActivities(self.policy, "whatif").current, guard.signal_guard, guard.live_holders,
-                guard.running_episodes]
+                guard.running_holders, guard.running_episodes]
+
+    def node_activities(self) -> list:
+        """What each node's agent serves on node/<name>."""
+        return [self.kill, self.reset, self.gpu_pods, self.validate, self.inventory, self.hardware_ids]
 
     async def _ensure_worker(self, node: str) -> None:
         """What the node's agent serves, started when the node first needs it."""
         if node in self._workers:
             return
         w = Worker(self.client, task_queue=c.node_task_queue(node), max_concurrent_activity_task_polls=1,
-                   activities=[self.kill, self.reset, self.gpu_pods, self.validate, self.inventory])
+                   activities=self.node_activities())
         self._workers[node] = (w, asyncio.create_task(w.run()))
 
     async def stop_workers(self) -> None:

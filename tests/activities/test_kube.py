@@ -296,3 +296,14 @@ async def test_taint_write_conflict_is_read_again(kube):
     await run(acts.quarantine, c.QuarantineRequest(node="n1", fault_class="memory", reason="DBE"))
     assert [v for v, p, _ in k.requests if p == "/api/v1/nodes/n1"].count("GET") == 2, "read again after the 409"
     assert sorted(t[0] for t in taints(core, "n1")) == ["gpuheal.io/quarantine", "late"], "the racing taint kept"
+
+
+async def test_check_node_says_when_gpuheal_left_it_quarantined(kube):
+    """The quarantine hold reads it: a node an earlier episode cordoned and tainted, for a person."""
+    k, core, acts = kube
+    k.add_node("held")
+    assert (await run(acts.check_node, c.NodeCheckRequest(node="held"))).quarantined is None
+    await run(acts.quarantine, c.QuarantineRequest(node="held", fault_class="hardware", reason="Xid 79"))
+    assert (await run(acts.check_node, c.NodeCheckRequest(node="held"))).quarantined == "hardware"
+    await run(acts.return_to_service, c.ReturnToServiceRequest(node="held", reason="fixed"))
+    assert (await run(acts.check_node, c.NodeCheckRequest(node="held"))).quarantined is None

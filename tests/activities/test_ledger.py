@@ -82,3 +82,25 @@ def test_repeat_offenders_are_counted_per_board(ledger):
     assert ledger.count_recent(["GPU-c", "SN-3"], week, None, by_board=True) == 0
     assert ledger.count_recent(["GPU-b", "SN-2"], week, None, by_board=True) == 2
     assert ledger.count_recent(["GPU-b", "SN-2"], week, "e3", by_board=True) == 1
+
+
+def test_admissions_are_kept_per_node_and_hardware(ledger):
+    """What admission checks before it taints anything: was this node admitted with this hardware."""
+    assert ledger.admitted("n1") == []
+    ledger.admit("n1", ["GPU-a", "SN-1"])
+    ledger.admit("n1", ["GPU-a"])  # a retry adds nothing
+    ledger.admit("n2", ["GPU-z"])
+    assert ledger.admitted("n1") == ["GPU-a", "SN-1"]
+    assert ledger.admitted("n2") == ["GPU-z"]
+
+
+def test_last_started_is_the_nodes_latest_episode_but_the_one_asking(ledger):
+    now = datetime.now(UTC)
+    assert ledger.last_started("n1", None) is None
+    ledger.record(rec("old", ["SN-1"], now - timedelta(days=2)))
+    ledger.record(rec("new", ["SN-1"], now - timedelta(hours=1)))
+    latest = ledger.last_started("n1", None)
+    assert latest is not None and abs((latest - (now - timedelta(hours=1, minutes=5))).total_seconds()) < 1
+    earlier = ledger.last_started("n1", "new")
+    assert earlier is not None and earlier < latest, "the asking episode is left out"
+    assert ledger.last_started("n2", None) is None

@@ -248,3 +248,11 @@ async def test_validate_skips_the_load_when_the_status_probes_fail(tmp_path):
     nv.inject("ecc_dbe", gpu=0)
     res = await ActivityEnvironment().run(loaded(tmp_path, nv, sim_opener(nv)).validate, QUICK)
     assert not res.passed and res.load is None and "load-quick: not run, the status probes already failed" in res.checks
+
+
+async def test_hardware_ids_are_the_nodes_own(node):
+    """What admission checks against the denylist: read from NVML on the node, whoever started it."""
+    nv, acts = node
+    got = await ActivityEnvironment().run(acts.hardware_ids, c.HardwareIdsRequest(node="a1"))
+    assert got.gpus == 4
+    assert got.hardware_ids == sorted({f"GPU-a1-{i:02d}" for i in range(4)} | {"SN-a1-0", "SN-a1-1"})

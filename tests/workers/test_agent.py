@@ -56,7 +56,8 @@ async def test_agent_signals_once_per_transition_and_resends(ts_env, uniq, tmp_p
         assert changed is not None and {f.kind for f in changed.findings} == {"row_remap_pending", "ecc_dbe"}
         clock.t += 301
         resent = await agent.step()
-        assert resent is not None and resent.seq == changed.seq + 1, "re-sent while unhealthy"
+        # Sequences follow the wall clock (a spoofed huge one blocks nothing past the skew): later is larger.
+        assert resent is not None and resent.seq > changed.seq, "re-sent while unhealthy"
         assert agent.signals == 3
         for _ in range(40):  # the test server records a signal a moment after accepting it
             if await signals(handle) >= 3:

@@ -19,6 +19,24 @@ HISTORY_ROW = {"run_id", "started", "status", "outcome", "reason", "rungs", "ste
 STEP = {"at", "step", "summary", "ok", "detail"}
 
 
+def parked_fleet(dev_env, node: str, task_queue: str, cluster: str):
+    """A node whose Xid 79 waits (a day) for approval to reboot: an episode that stays open."""
+    policy = default_policy().scaled(0.001)
+    policy.ladder.reboot.requires_approval = True
+    policy.ladder.reboot.approval_timeout = policy.ladder.reboot.approval_timeout * 1000
+    fleet = FakeFleet(client=dev_env.client, task_queue=task_queue, policy=policy, cluster=cluster)
+    return fleet, fleet.add(FakeNode(node, [xid(79)], cured_by="reboot"))
+
+
+async def awaiting_approval(fleet: FakeFleet, node: str):
+    handle = await fleet.report(node)
+    for _ in range(200):
+        if (await handle.query(NodeRemediation.status)).awaiting_approval:
+            break
+        await asyncio.sleep(0.05)
+    return handle
+
+
 def test_an_empty_listing_says_so_and_tables_read_like_kubectl():
     assert human("status", []) == "No remediation episodes are running."
     out = table(["node", "stage"], [["gpu-node-1", "ladder"], ["n2", None]]).splitlines()
@@ -28,17 +46,9 @@ def test_an_empty_listing_says_so_and_tables_read_like_kubectl():
 
 async def test_every_operator_command_in_each_form(dev_env, uniq):
     address = dev_env.client.service_client.config.target_host
-    policy = default_policy().scaled(0.001)
-    policy.ladder.reboot.requires_approval = True
-    policy.ladder.reboot.approval_timeout = policy.ladder.reboot.approval_timeout * 1000
-    fleet = FakeFleet(client=dev_env.client, task_queue="gpuheal", policy=policy, cluster="default")
-    n = fleet.add(FakeNode(f"out-{uniq}", [xid(79)], cured_by="reboot"))
+    fleet, n = parked_fleet(dev_env, f"out-{uniq}", "gpuheal", "default")
     async with fleet.workers():
-        handle = await fleet.report(n.name)
-        for _ in range(200):
-            if (await handle.query(NodeRemediation.status)).awaiting_approval:
-                break
-            await asyncio.sleep(0.05)
+        handle = await awaiting_approval(fleet, n.name)
         listing = await cli(address, "status")
         assert listing.returncode == 0, listing.stderr
         head, *rows = listing.stdout.splitlines()
@@ -98,17 +108,9 @@ async def test_status_watch_prints_each_change_until_interrupted(dev_env, uniq):
     import sys
 
     address = dev_env.client.service_client.config.target_host
-    policy = default_policy().scaled(0.001)
-    policy.ladder.reboot.requires_approval = True
-    policy.ladder.reboot.approval_timeout = policy.ladder.reboot.approval_timeout * 1000
-    fleet = FakeFleet(client=dev_env.client, task_queue=f"tq-{uniq}", policy=policy, cluster=f"w-{uniq}")
-    n = fleet.add(FakeNode(f"watch-{uniq}", [xid(79)], cured_by="reboot"))
+    fleet, n = parked_fleet(dev_env, f"watch-{uniq}", f"tq-{uniq}", f"w-{uniq}")
     async with fleet.workers():
-        handle = await fleet.report(n.name)
-        for _ in range(200):
-            if (await handle.query(NodeRemediation.status)).awaiting_approval:
-                break
-            await asyncio.sleep(0.05)
+        handle = await awaiting_approval(fleet, n.name)
         proc = subprocess.Popen([sys.executable, "-m", "workers.cli", "status", n.name, "-w", "--temporal", address],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         await asyncio.sleep(4)

@@ -19,24 +19,13 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from activities.contracts import remediation_workflow_id
+from workers.demo import children
 from workflows.remediation_types import (
     RemediationResult,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
 ACCESS_LOG = re.compile(r'"(GET|POST|PUT|PATCH|DELETE) [^"]+ HTTP/1\.[01]" \d{3}')
-
-
-def children(pid: int) -> set[int]:
-    out = set()
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            out.add(int(stat.parent.name))
-    return out
 
 
 def alive(pid: int) -> bool:

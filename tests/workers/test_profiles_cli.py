@@ -28,8 +28,10 @@ def test_profiles_names_each_nodes_profile_and_why(tmp_path):
         cfg = server.write_kubeconfig(tmp_path / "kubeconfig")
         run = subprocess.run([sys.executable, "-m", "workers.cli", "profiles", "--kubeconfig", str(cfg), "--policy",
                               str(policy), "--json"], capture_output=True, text=True, timeout=60)
-        text = subprocess.run([sys.executable, "-m", "workers.cli", "profiles", "--kubeconfig", str(cfg)],
+        text = subprocess.run([sys.executable, "-m", "workers.cli", "profiles", "--kubeconfig", str(cfg), "-o", "wide"],
                               capture_output=True, text=True, timeout=60)
+        yml = subprocess.run([sys.executable, "-m", "workers.cli", "profiles", "--kubeconfig", str(cfg), "-o", "yaml"],
+                             capture_output=True, text=True, timeout=60)
     finally:
         server.stop()
     assert run.returncode == 0, run.stderr
@@ -40,7 +42,10 @@ def test_profiles_names_each_nodes_profile_and_why(tmp_path):
     assert rows["h200-a"]["profile"] == "h200-1gpu-no-rdma" and "GPU product NVIDIA-H200" in rows["h200-a"]["reason"]
     assert rows["plain"]["profile"] is None and "learned baseline only" in rows["plain"]["reason"]
     assert rows["plain"]["baseline"]["validated"] and "8x400 Gb/s infiniband" in rows["plain"]["baseline_summary"]
-    assert text.returncode == 0 and "h200-1gpu-no-rdma" in text.stdout and "baseline: 8 GPUs" in text.stdout
+    assert text.returncode == 0 and "h200-1gpu-no-rdma" in text.stdout and "8 GPUs, 8x400 Gb/s infiniband" in text.stdout
+    assert text.stdout.split()[:5] == ["NODE", "PROFILE", "MODE", "BASELINE", "WHY"], text.stdout
+    doc = __import__("yaml").safe_load(yml.stdout)
+    assert {r["node"]: r["profile"] for r in doc["nodes"]}["p5-a"] == "aws-p5"
 
 
 def test_profiles_with_a_bad_policy_names_the_key(tmp_path):

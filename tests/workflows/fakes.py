@@ -92,6 +92,8 @@ class FakeFleet:
     check_drain_lease: bool = False  # each drain asks the guard whether the node holds a lease
     drained_without_lease: list[str] = field(default_factory=list)
     episodes_unlisted: bool = False  # guard.running_episodes fails (visibility down)
+    record_hold: asyncio.Event | None = None  # ledger.record waits on it (an episode held in its close)
+    record_started: asyncio.Event = field(default_factory=asyncio.Event)
     guard_client: Client | None = None  # the guard's activities' client (tests slow its calls down)
     admitted_hw: dict[str, set[str]] = field(default_factory=dict)  # the ledger's admissions: node -> hardware
 
@@ -185,7 +187,8 @@ class FakeFleet:
         if n.replaced_boot == n.boot:  # as kube.check_node reads the replaced annotation
             return c.NodeCheckResult(exists=True, ours=False, reason=f"node {n.name} was replaced: reports from its "
                                      "old host start nothing")
-        return c.NodeCheckResult(exists=True, ours=True, quarantined="fault" if n.cordoned else None)
+        held = n.cordoned and n.replaced_boot is None  # a replaced host's taint holds nothing for a new one
+        return c.NodeCheckResult(exists=True, ours=True, quarantined="fault" if held else None)
 
     @activity.defn(name=c.KUBE_FLEET_SIZE)
     async def count_fleet(self) -> int:
@@ -254,6 +257,11 @@ class FakeFleet:
         return c.HardwareIdsResult(hardware_ids=sorted({g.uuid for g in gpus} | {g.serial for g in gpus if g.serial}),
                                    gpus=len(gpus))
 
+    @activity.defn(name=c.NODE_INVENTORY)
+    async def inventory(self, req: c.InventoryRequest) -> c.InventoryResult:
+        """The stand-in models no hardware inventory: admission records no baseline (it says so)."""
+        return c.InventoryResult(inventory=None)
+
     @activity.defn(name=c.NODE_VALIDATE)
     async def validate(self, req: c.ValidateRequest) -> c.ValidationResult:
         n = self._node(req)
@@ -262,6 +270,9 @@ class FakeFleet:
     # --- ledger --------------------------------------------------------------------------------
     @activity.defn(name=c.LEDGER_RECORD)
     async def record(self, rec: c.RemediationRecord) -> None:
+        if self.record_hold is not None:  # the episode is closing: tests send reports meanwhile
+            self.record_started.set()
+            await self.record_hold.wait()
         if all(r.episode != rec.episode for r in self.records):
             self.records.append(rec)
 
@@ -333,7 +344,7 @@ class FakeFleet:
                 self.replace, self.kill, self.reset, self.validate, self.record, self.count_recent,
                 self.denylist_add, self.check_denied, self.event, self.count_fleet, guard.signal_guard,
                 self.live_holders, self.running_episodes, self.quarantined_nodes, self.check_node, self.kubelet_boot_id, self.gpu_pods, self.current_policy,
-                self.baseline, self.load_figures, self.hardware_ids, self.admit, self.admitted, self.running_holders,
+                self.baseline, self.load_figures, self.hardware_ids, self.inventory, self.admit, self.admitted, self.running_holders,
                 self.last_started]
 
     @contextlib.asynccontextmanager

@@ -52,13 +52,17 @@ PATHS = {
     "reset_under_load": (48, "reset", 0, [], {}),
     "suspect_cleared": ("suspect", "kill", 0, [], {"faulty": False}),
     "suspect_confirmed": ("suspect", "reset", 0, [], {}),
+    # A node whose profile is in observe mode (PATCH_NODE_PROFILES): triage recorded, nothing done.
+    "observed": (79, "reboot", 0, [], {}),
 }
 
 
 async def record(env: WorkflowEnvironment, name: str, write: bool = True) -> dict:
     code, cured_by, recurs, approve, options = PATHS[name]
     u = uuid.uuid4().hex[:6]
-    fleet = FakeFleet(client=env.client, task_queue=f"rec-{u}", policy=fast_policy(approve=approve), cluster=f"rec-{u}")
+    policy = fast_policy(approve=approve)
+    policy.observe = name == "observed"
+    fleet = FakeFleet(client=env.client, task_queue=f"rec-{u}", policy=policy, cluster=f"rec-{u}")
     found = [Finding(kind="suspect", message="suspect: a job's slow rank")] if code == "suspect" else [xid(code)]
     node = fleet.add(FakeNode(f"{name.replace('_', '-')}-node", found, cured_by=cured_by, recurs=recurs, **options))
     async with fleet.workers():

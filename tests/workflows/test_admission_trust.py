@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 
 from temporalio.common import WorkflowIDReusePolicy
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer
 
 from activities.contracts import admission_workflow_id
 from tests.workflows.fakes import FakeNode
@@ -56,6 +58,8 @@ async def test_a_node_with_denylisted_hardware_is_replaced_only_with_approval_an
         assert "cloud.replace" not in n.calls, "no replace before an operator approves"
         await handle.execute_update(NodeAdmission.approve, args=["bob"])
         result = await handle.result()
+        history = await handle.fetch_history()
+    await Replayer(workflows=[NodeAdmission], data_converter=pydantic_data_converter).replay_workflow(history)
     assert result.outcome == "denied_admission" and n.ids()[3].uuid in result.reason
     assert "cloud.replace" in n.calls
     steps = [a.step for a in result.actions]

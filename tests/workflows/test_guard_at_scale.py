@@ -8,6 +8,7 @@ import functools
 
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer
 
 from activities.contracts import guard_workflow_id
 from tests.workflows.fakes import FakeNode, xid
@@ -61,6 +62,9 @@ async def test_the_holder_check_of_thousands_of_ids_completes_and_grants_meanwhi
         await wait_for(ghosts_dropped, timeout=25)
         result = await handle.result()
     assert result.outcome == "returned"
+    # The guard's history, its holder check beside the loop included, replays on this code.
+    history = await dev_env.client.get_workflow_handle(guard_workflow_id(fleet.cluster)).fetch_history()
+    await Replayer(workflows=[FleetGuard], data_converter=pydantic_data_converter).replay_workflow(history)
 
 
 async def _async(value: bool) -> bool:

@@ -8,7 +8,8 @@ from __future__ import annotations
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer, UnsandboxedWorkflowRunner, Worker
 
 from activities.contracts import guard_workflow_id
 from tests.workflows.fakes import FakeNode, xid
@@ -63,6 +64,9 @@ async def test_a_guard_from_before_never_wedged_answers_cordons_after_the_contro
         assert not any("no answer from the fleet guard" in a.summary for a in st.actions), "admitted, not timed out"
         after = await guard.query(FleetGuard.status)
         result = await handle.result()
+    # The old run's whole history (the upgrade and its continue-as-new included) replays on this code.
+    old_history = await dev_env.client.get_workflow_handle(guard_workflow_id(fleet.cluster), run_id=old_run).fetch_history()
+    await Replayer(workflows=[FleetGuard], data_converter=pydantic_data_converter).replay_workflow(old_history)
     assert before.behaviour, "the old run said it keeps the old behaviour"
     assert (await guard.describe()).run_id != old_run, "the guard continued as new"
     assert after.behaviour == ""

@@ -4,6 +4,9 @@ or the taint's removal ends the hold."""
 
 from __future__ import annotations
 
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer
+
 from tests.workflows.fakes import FakeNode, xid
 from tests.workflows.test_node_remediation import make_fleet, wait_for
 from workflows.node_remediation import NodeRemediation
@@ -31,6 +34,9 @@ async def test_a_resend_after_a_quarantined_ending_is_held_until_an_operator_lif
         await handle.execute_update(NodeRemediation.lift, args=["board reseated", "alice"])
         result = await handle.result()
         st = await handle.query(NodeRemediation.status)
+        history = await handle.fetch_history()
+    # The held episode's history (hold, re-sent reports, lift) replays on this code.
+    await Replayer(workflows=[NodeRemediation], data_converter=pydantic_data_converter).replay_workflow(history)
     assert result.outcome == "healthy" and "lifted by alice" in result.reason
     assert any(a.step == "operator" and "lift by alice" in a.summary for a in st.actions)
     assert not n.cordoned, "the lift uncordons"

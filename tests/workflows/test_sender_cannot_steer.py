@@ -4,10 +4,13 @@ a spoofed sequence or boot id does not poison ordering, an undecodable report is
 
 from __future__ import annotations
 
+import asyncio
+
 from temporalio.api.common.v1 import Payload
 from temporalio.common import RawValue
 
 from activities.contracts import guard_workflow_id, remediation_workflow_id
+from policies.loader import default_policy
 from tests.workflows.fakes import FakeNode, xid
 from tests.workflows.test_node_remediation import make_fleet, wait_for
 from tests.workflows.test_trust_boundaries import controller_policy
@@ -115,3 +118,30 @@ async def test_a_senders_history_limit_is_ignored(ts_env, uniq):
     assert result.outcome == "returned"
     assert len(st.run_ids) == 1, "no continue-as-new on a sender's say"
     assert "history_limit" in st.actions[0].detail, "the history says what the start input set and was ignored"
+
+
+async def test_a_report_arriving_while_the_episode_closes_is_recorded(ts_env, uniq):
+    fleet = make_fleet(ts_env, uniq, default_policy().scaled(0.001))  # waited on in real time
+    n = fleet.add(FakeNode(f"late-{uniq}", [xid(48)], cured_by="reset"))
+    fleet.record_hold = asyncio.Event()
+    async with fleet.workers():
+        handle = await fleet.report(n.name)
+        await asyncio.wait_for(fleet.record_started.wait(), 30)  # ledger.record: the episode is closing
+        n.faulty = True
+        await fleet.send_raw(n.name, n.report().model_dump(mode="json"))  # the fault back, just then
+
+        async def heard() -> bool:
+            return any(a.step == "report" for a in (await _status(handle)).actions)
+
+        try:
+            await wait_for(heard, timeout=5)
+        except AssertionError:
+            pass  # asserted below, once the episode is closed
+        finally:
+            fleet.record_hold.set()
+        result = await handle.result()
+        st = await _status(handle)
+    late = [a for a in st.actions if a.step == "report"]
+    assert late, "the late report is in the actions (status, history)"
+    assert result.late_reports == 1
+    assert "after the episode ended" in late[0].summary and "xid 48" in late[0].detail

@@ -1,0 +1,377 @@
+"""The world one safety schedule runs in: the stand-in activities of tests/workflows/fakes.py,
+extended to record every side effect (with who asked and whether it was a dry run), to model
+processes per GPU (and per MIG instance), a second sender's view of the node, and the agents'
+and controller's workers, which a schedule stops and starts."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from temporalio import activity
+from temporalio.client import Client
+from temporalio.exceptions import ApplicationError
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+
+from activities import contracts as c
+from activities.guard import GuardActivities
+from activities.policy import PolicyActivities
+from policies.findings import Finding, HealthReport
+from sim.safety.schedule import FAULTS, GPUS, ONE_SHOT, Schedule, driver_id, jitter
+from tests.workflows.fakes import FakeFleet, FakeNode
+from workflows.fleet_guard import FleetGuard
+from workflows.node_admission import NodeAdmission
+from workflows.node_remediation import NodeRemediation
+
+# What an episode does to a node (attribute_pods marks its pods; the rest change the node).
+SIDE_EFFECTS = {c.KUBE_QUARANTINE, c.KUBE_RETURN_TO_SERVICE, c.KUBE_ATTRIBUTE_PODS, c.KUBE_DRAIN, c.CLOUD_REBOOT,
+                c.CLOUD_REPLACE, c.NODE_KILL, c.NODE_RESET, c.LEDGER_DENYLIST}
+DESTRUCTIVE = {c.KUBE_DRAIN, c.NODE_KILL, c.NODE_RESET, c.CLOUD_REBOOT, c.CLOUD_REPLACE, c.LEDGER_DENYLIST}
+WORKFLOWS = [NodeRemediation, FleetGuard, NodeAdmission]
+OLD_DENIED = "GPU-denied-long-ago"  # a legitimate denylist entry from before the schedule
+LATER_SIGNAL = "later"
+
+
+@dataclass
+class Effect:
+    """One thing done (or asked, or heard) in the world, in the order it happened."""
+
+    n: int
+    kind: str
+    node: str
+    wf: str = ""  # the workflow that asked (empty: the schedule itself)
+    dry: bool = False
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        extra = " ".join(f"{k}={v}" for k, v in self.detail.items())
+        return f"#{self.n} {self.kind} {self.node}{' (dry run)' if self.dry else ''} by {self.wf or '-'} {extra}".rstrip()
+
+
+@dataclass
+class SimNode(FakeNode):
+    ours: bool = True
+    mig: bool = False
+    fault: str | None = None
+    gpu: int = 0
+    event: int = 0
+    genuine: list[Finding] = field(default_factory=list)  # every finding this node's own agent reported
+    cordoned_by_other: bool = False
+    replaced: bool = False
+    admitted: bool = True
+
+    def processes(self) -> list[tuple[int, int | None]]:
+        """(GPU, MIG instance) of each process on the node: two tenants per GPU under MIG."""
+        return [(g, gi) for g in range(self.gpus) for gi in ((0, 1) if self.mig else (None,))]
+
+    def fault_findings(self) -> list[Finding]:
+        label, fields, _ = next(f for f in FAULTS if f[0] == self.fault)
+        ids = self.ids()[self.gpu]
+        gpu_wide = fields["kind"] != "nic_ports_down" and "pci" not in fields
+        extra = {"gpu_index": self.gpu, "uuid": ids.uuid, "serial": ids.serial} if gpu_wide else {}
+        if gpu_wide and self.mig and fields["kind"] == "xid":
+            extra["gpu_instance_id"] = 1  # NVML's Xid event names the MIG instance it hit
+        if fields["kind"] in ONE_SHOT:
+            extra["event_id"] = f"{self.name}/boot-{self.boot}/{self.event}"
+        return [Finding(**fields, **extra, message=label)]
+
+    def report(self, healthy: bool | None = None) -> HealthReport:
+        r = super().report(healthy)
+        return r.model_copy(update={"instance_host_id": f"h-{self.name}"})
+
+
+class SafetyWorld(FakeFleet):
+    """FakeFleet plus the record of every side effect, for one schedule."""
+
+    def __init__(self, client: Client, sched: Schedule):
+        super().__init__(client=client, task_queue=sched.task_queue, policy=sched.policy, cluster=sched.cluster,
+                         history_limit=sched.history_limit)
+        self.sched = sched
+        self.log: list[Effect] = []
+        self.fleet_size = len(sched.nodes)
+        self.controller: tuple[Worker, asyncio.Task] | None = None
+        self.agents: dict[str, tuple[Worker, asyncio.Task]] = {}
+        self.finished = asyncio.Event()
+        self.final: dict[str, Any] = {}
+        self.errors: list[str] = []
+        self.watcher_seq = 0
+        self.policy_asked = 0
+        self.restarts = any(s.kind == "controller_restart" for s in sched.steps)
+        self.guard_msgs: list[c.GuardSignalRequest] = []
+        self.denylist[OLD_DENIED] = "replaced long ago"
+        for spec in sched.nodes:
+            n = self.add(SimNode(spec.name, [], cured_by=spec.cured_by, reboot_returns=spec.reboot_returns,
+                                 gpus=GPUS, faulty=False, mig=spec.mig, fault=spec.fault, gpu=spec.gpu,
+                                 cordoned_by_other=spec.cordoned_by_other, cordoned=spec.cordoned_by_other))
+            n.findings = n.fault_findings() if n.fault else []
+        for name in sched.foreign:
+            self.add(SimNode(name, [], gpus=GPUS, faulty=False, ours=False))
+        self.add(SimNode(sched.joiner, [], gpus=GPUS, faulty=False, admitted=False, agent=False))
+
+    # --- the record ------------------------------------------------------------------------------
+    def note(self, kind: str, node: str, wf: str = "", dry: bool = False, **detail) -> Effect:
+        e = Effect(len(self.log), kind, node, wf, dry, detail)
+        self.log.append(e)
+        return e
+
+    def _node(self, req) -> SimNode:
+        info = activity.info()
+        kind, wf = info.activity_type, info.workflow_id or ""
+        n = self.nodes.get(req.node)
+        if n is None:
+            self.note(kind, req.node, wf, getattr(req, "dry_run", False), unknown=True)
+            raise ApplicationError(f"no such node {req.node}", type="NodeGone", non_retryable=True)
+        super()._node(req)  # injected failures raise here, before any effect
+        if kind in SIDE_EFFECTS:
+            self.note(kind, n.name, wf, getattr(req, "dry_run", False))
+        return n
+
+    def _last(self) -> Effect:
+        return self.log[-1]
+
+    # --- kube ------------------------------------------------------------------------------------
+    @activity.defn(name=c.KUBE_CHECK_NODE)
+    async def check_node(self, req: c.NodeCheckRequest) -> c.NodeCheckResult:
+        n = self.nodes.get(req.node)
+        if n is not None and n.exists and not n.ours:
+            return c.NodeCheckResult(exists=True, ours=False, reason=f"{n.name} is not a GPU node of this cluster")
+        return await super().check_node(req)
+
+    @activity.defn(name=c.KUBE_QUARANTINE)
+    async def quarantine(self, req: c.QuarantineRequest) -> c.QuarantineResult:
+        n = self._node(req)
+        self._last().detail["taint"] = req.taint_key
+        changed = not n.cordoned
+        if not req.dry_run:
+            n.cordoned = True
+        return c.QuarantineResult(node=n.name, changed=changed, cordoned_at=datetime.now(UTC), dry_run=req.dry_run)
+
+    @activity.defn(name=c.KUBE_RETURN_TO_SERVICE)
+    async def return_to_service(self, req: c.ReturnToServiceRequest) -> c.ReturnToServiceResult:
+        n = self._node(req)
+        if req.dry_run:
+            return c.ReturnToServiceResult(node=n.name, changed=False, dry_run=True)
+        # As the real activity: a cordon someone else set before gpuheal stays.
+        n.cordoned = n.cordoned_by_other
+        if c.UNVALIDATED_TAINT in req.taint_keys:
+            n.admitted = True
+        return c.ReturnToServiceResult(node=n.name, changed=True, left_cordoned=n.cordoned_by_other)
+
+    @activity.defn(name=c.KUBE_DRAIN)
+    async def drain(self, req: c.DrainRequest) -> c.DrainResult:
+        n = self._node(req)
+        await asyncio.sleep(self.act_delay)
+        return c.DrainResult(evicted=[] if req.dry_run else [f"default/job-on-{n.name}"], dry_run=req.dry_run)
+
+    @activity.defn(name=c.KUBE_QUARANTINED_NODES)
+    async def quarantined_nodes(self) -> list[str]:
+        return sorted(n.name for n in self.nodes.values() if n.cordoned and not n.cordoned_by_other)
+
+    # --- cloud -----------------------------------------------------------------------------------
+    @activity.defn(name=c.CLOUD_REBOOT)
+    async def reboot(self, req: c.RebootRequest) -> c.RebootResult:
+        n = self._node(req)
+        from_boot = f"kubelet-{n.boot}"
+        if req.dry_run:
+            return c.RebootResult(instance_id=f"i-{n.name}", rebooted=False, from_boot=from_boot, dry_run=True)
+        prior = [e for e in self.log[:-1] if e.kind == c.CLOUD_REBOOT and e.detail.get("key") == req.idempotency_key]
+        self._last().detail.update(key=req.idempotency_key, returns=n.reboot_returns)
+        if prior:  # one reboot per key (the real activity's tags)
+            return c.RebootResult(instance_id=f"i-{n.name}", rebooted=False, from_boot=from_boot)
+        await asyncio.sleep(self.act_delay)
+        n.apply("reboot")
+        if n.reboot_returns:
+            n.boot += 1
+            n.seq = 0
+            if n.agent:
+                await self.agent_report(n)  # the agent's first report from the new boot
+        return c.RebootResult(instance_id=f"i-{n.name}", rebooted=True, from_boot=from_boot)
+
+    @activity.defn(name=c.CLOUD_REPLACE)
+    async def replace(self, req: c.ReplaceRequest) -> c.ReplaceResult:
+        n = self._node(req)
+        if req.dry_run:
+            return c.ReplaceResult(instance_id=f"i-{n.name}", action="dry_run")
+        n.replaced_boot = n.boot  # as cloud.replace marks the Node
+        if not n.replaced:
+            n.replaced = True  # EC2 runs the instance on a while after terminate: its agent may report once more
+            await self.later(0.2, "resend_replaced", n.name)
+            await self.later(600.0, "gone", n.name)
+        return c.ReplaceResult(instance_id=f"i-{n.name}", action="ec2")
+
+    # --- node-local --------------------------------------------------------------------------------
+    @activity.defn(name=c.NODE_KILL)
+    async def kill(self, req: c.KillRequest) -> c.KillResult:
+        """As the real activity: the named GPUs' processes (every GPU's with all_gpus); on a GPU in
+        MIG mode only the named instances' (all of them on older requests, which name none)."""
+        n = self._node(req)
+        gpus = set(range(n.gpus)) if getattr(req, "all_gpus", False) else set(req.gpus)
+        named = {(m.gpu_index, m.gpu_instance_id) for m in getattr(req, "mig", [])}
+        hit = [(g, gi) for g, gi in n.processes() if g in gpus and (
+            gi is None or not named or (g, gi) in named)]
+        self._last().detail["signalled"] = hit
+        if req.dry_run:
+            return c.KillResult(dry_run=True)
+        n.apply("kill")
+        return c.KillResult(killed=[c.GpuProcess(pid=1000 + 10 * g + (gi or 0), gpu_index=g) for g, gi in hit])
+
+    @activity.defn(name=c.NODE_RESET)
+    async def reset(self, req: c.ResetRequest) -> c.ResetResult:
+        n = self._node(req)
+        self._last().detail["gpus"] = list(req.gpus)
+        if req.dry_run:
+            return c.ResetResult(dry_run=True)
+        await asyncio.sleep(self.act_delay)
+        n.apply("reset")
+        return c.ResetResult(reset=req.gpus)
+
+    @activity.defn(name=c.NODE_VALIDATE)
+    async def validate(self, req: c.ValidateRequest) -> c.ValidationResult:
+        n = self._node(req)
+        self.note("validate", n.name, activity.info().workflow_id or "", passed=not n.faulty)
+        return c.ValidationResult(passed=not n.faulty, findings=n.findings if n.faulty else [], checks=["safety"])
+
+    @activity.defn(name=c.POLICY_CURRENT)
+    async def current_policy(self, req: c.PolicyRequest) -> c.PolicySnapshot:
+        """The controller's policy, its durations moved a few odd milliseconds for each asker: two
+        workflows whose timers would fire at one instant (a grant and a re-sent request, say) are
+        what wedges the time-skipping server (schedule._jitter). Limits and switches are unchanged."""
+        self.policy_asked += 1
+        policy = self.policy.model_copy(deep=True)
+        jitter(policy, random.Random(f"{self.sched.seed}/{req.node}/{self.policy_asked}"))
+        return PolicyActivities(policy, "safety", self.cluster).snapshot
+
+    # --- ledger and guard ----------------------------------------------------------------------------
+    @activity.defn(name=c.LEDGER_DENYLIST)
+    async def denylist_add(self, req: c.DenylistRequest) -> c.DenylistResult:
+        n = self._node(req)
+        self._last().detail["ids"] = list(req.hardware_ids)
+        added = [i for i in req.hardware_ids if i not in self.denylist]
+        self.denylist.update({i: req.reason for i in added})
+        del n  # the entry stands whatever became of the node
+        return c.DenylistResult(added=added)
+
+    @activity.defn(name=c.LEDGER_RECORD)
+    async def record(self, rec: c.RemediationRecord) -> None:
+        if all(r.episode != rec.episode for r in self.records):
+            self.records.append(rec)
+            self.note("ended", rec.node, activity.info().workflow_id or "", outcome=rec.outcome, rungs=rec.rungs)
+
+    @activity.defn(name=c.GUARD_SIGNAL)
+    async def signal_guard(self, req: c.GuardSignalRequest) -> None:
+        self.note("guard." + req.signal, str(req.payload.get("node", "")), activity.info().workflow_id or "",
+                  cluster=req.cluster, holder=req.payload.get("holder", ""),
+                  **{k: req.payload[k] for k in ("outcome", "healthy", "admission") if req.payload.get(k)})
+        self.guard_msgs.append(req)
+        await GuardActivities(self.client).signal_guard(req)
+
+    def activities(self) -> list:
+        acts = [a for a in super().activities() if getattr(a, "__name__", "") != "signal_guard"]
+        return [*acts, self.signal_guard]
+
+    # --- the agent -----------------------------------------------------------------------------------
+    async def agent_report(self, n: SimNode, healthy: bool | None = None) -> None:
+        report = n.report(healthy)
+        if report.findings:
+            n.genuine.extend(report.findings)
+        self.note("report", n.name, source="agent", findings=[f.label() for f in report.findings])
+        await self._send(n, report)
+
+    async def _send(self, n: SimNode, report: HealthReport) -> None:
+        from workers.reporting import send_report
+
+        await send_report(self.client, report, node=n.name, cluster=self.cluster, task_queue=self.task_queue,
+                          history_limit=self.history_limit)
+
+    def episode_seen(self, node: str) -> bool:
+        return any(e.kind == "report" and e.node == node for e in self.log)
+
+    async def later(self, delay_s: float, kind: str, node: str) -> None:
+        """A step the world itself schedules (virtual seconds from now), through the schedule's driver."""
+        await self.client.get_workflow_handle(driver_id(self.sched.seed)).signal(
+            LATER_SIGNAL, {"delay_s": delay_s, "kind": kind, "node": node})
+
+    async def observe(self, label: str) -> Effect:
+        """What every episode and the guard say now (status queries), recorded for the invariants."""
+        seen: dict[str, Any] = {}
+        for name in [s.name for s in self.sched.nodes] + [self.sched.joiner]:
+            h = self.client.get_workflow_handle(c.remediation_workflow_id(name))
+            try:
+                desc = await h.describe()
+            except Exception:  # noqa: BLE001 - no episode ever ran for this node
+                continue
+            row: dict[str, Any] = {"status": desc.status.name}
+            try:
+                st = await asyncio.wait_for(h.query(NodeRemediation.status), 10)
+                row.update(stage=st.stage.value, outcome=st.outcome and st.outcome.value, reason=st.outcome_reason,
+                           waiting=st.waiting, lease_held=st.lease_held, quarantined=st.quarantined,
+                           awaiting=st.awaiting_approval and st.awaiting_approval.value, paused=st.paused)
+            except Exception as err:  # noqa: BLE001 - said in the row
+                row["query_error"] = f"{type(err).__name__}: {str(err)[:100]}"
+            seen[name] = row
+        guard: dict[str, Any] = {}
+        try:
+            g = await asyncio.wait_for(self.client.get_workflow_handle(c.guard_workflow_id(self.cluster)).query(
+                FleetGuard.status), 10)
+            guard = {"holders": [h.holder for h in g.holders], "unhealthy": list(g.unhealthy)}
+        except Exception:  # noqa: BLE001 - no guard started (nothing disruptive asked)
+            pass
+        return self.note(label, "", episodes=seen, guard=guard)
+
+    # --- workers -------------------------------------------------------------------------------------
+    def _worker(self, queue: str, controller: bool) -> tuple[Worker, asyncio.Task]:
+        w = Worker(self.client, task_queue=queue, workflows=WORKFLOWS if controller else [],
+                   activities=self.activities(), workflow_runner=UnsandboxedWorkflowRunner(),
+                   max_concurrent_activity_task_polls=2 if controller else 1,
+                   max_concurrent_workflow_task_polls=2,
+                   # A worker stopped with workflows cached leaves their next task on its sticky
+                   # queue, and the time-skipping server's clock waits on that task for good.
+                   max_cached_workflows=0 if controller and self.restarts else 1000)
+        return w, asyncio.create_task(w.run())
+
+    def start_controller(self) -> None:
+        if self.controller is None:
+            self.controller = self._worker(self.task_queue, True)
+
+    def start_agent(self, name: str) -> None:
+        n = self.nodes[name]
+        n.agent = True
+        if name not in self.agents:
+            self.agents[name] = self._worker(c.node_task_queue(name), False)
+
+    async def stop_controller(self) -> None:
+        w, self.controller = self.controller, None
+        if w is not None:
+            await _stop(w)
+
+    async def stop_agent(self, name: str) -> None:
+        self.nodes[name].agent = False
+        w = self.agents.pop(name, None)
+        if w is not None:
+            await _stop(w)
+
+    async def stop_all(self) -> None:
+        for name in list(self.agents):
+            await self.stop_agent(name)
+        await self.stop_controller()
+
+
+def _instance_named(instances, gpu: int, gi: int) -> bool:
+    """Whether a kill request's MIG instance list names (gpu, gi); the shape is the contract's."""
+    for item in instances:
+        pair = (item.get("gpu"), item.get("gi")) if isinstance(item, dict) else tuple(item)[:2]
+        if tuple(pair) == (gpu, gi):
+            return True
+    return False
+
+
+async def _stop(w: tuple[Worker, asyncio.Task]) -> None:
+    worker, task = w
+    with contextlib.suppress(Exception):
+        await worker.shutdown()
+    with contextlib.suppress(BaseException):
+        await task
