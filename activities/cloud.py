@@ -8,7 +8,12 @@ import time
 from datetime import UTC, datetime, timedelta
 
 from botocore.config import Config
-from botocore.exceptions import ClientError
+from botocore.exceptions import (
+    ClientError,
+    ConnectTimeoutError,
+    EndpointConnectionError,
+    ProxyConnectionError,
+)
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from temporalio import activity
@@ -27,6 +32,9 @@ REBOOT_AT_TAG = "gpuheal.io/reboot-at"  # when the reboot was asked for (ISO 860
 # in Terminating:Wait (EC2 state still `running`) until the hook completes or times out (default 1 h,
 # at most 48 h), then Terminating:Proceed and Terminated. The replacement is under way in each.
 TERMINATING_LIFECYCLE = {"Terminating", "Terminating:Wait", "Terminating:Proceed", "Terminated"}
+# botocore's errors raised before a request reached the endpoint (a read timeout or a dropped
+# connection may come after it did, and are not among them).
+NEVER_SENT = (EndpointConnectionError, ConnectTimeoutError, ProxyConnectionError)
 _DENIED = {"UnauthorizedOperation", "AccessDenied", "AccessDeniedException", "AuthFailure"}
 _GONE_STATES = {"shutting-down", "terminated"}
 # One pooled connection per activity thread: botocore's default pool of 10 discards connections
@@ -151,6 +159,11 @@ class CloudActivities:
             await self._aws("tag instance", self.ec2.create_tags, Resources=[iid],
                             Tags=[{"Key": REBOOT_STATE_TAG, "Value": "refused"}])
             raise
+        except NEVER_SENT:
+            # No connection was made, so no reboot went out: the key is taken back (the state stays
+            # pending), and a retry sends it, instead of waiting out a boot window for nothing.
+            await self._aws("untag instance", self.ec2.delete_tags, Resources=[iid], Tags=[{"Key": REBOOT_KEY_TAG}])
+            raise
         await self._aws("tag instance", self.ec2.create_tags, Resources=[iid],
                         Tags=[{"Key": REBOOT_STATE_TAG, "Value": "sent"}])
         return c.RebootResult(instance_id=iid, rebooted=True, from_boot=from_boot)
@@ -206,13 +219,15 @@ class CloudActivities:
         if req.dry_run:
             return c.ReplaceResult(instance_id=iid, action="dry_run")
         if req.mode == "karpenter":
-            # Karpenter replaces capacity whose Node (and NodeClaim) is deleted.
+            # Karpenter replaces capacity whose Node (and NodeClaim) is deleted. Marked first: its
+            # termination finalizer keeps the Node (and the old host reporting) while it drains.
+            marked = await self._mark_replaced(req.node, req.idempotency_key)
             try:
                 await call_api(self.core.delete_node, req.node)
             except ApiException as err:
                 if err.status != 404:
                     raise
-            return c.ReplaceResult(instance_id=iid, action="karpenter")
+            return c.ReplaceResult(instance_id=iid, action="karpenter", marked=marked)
         asg = None
         if req.mode == "auto":
             found = await self._aws("describe ASG membership", self.autoscaling.describe_auto_scaling_instances,

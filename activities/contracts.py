@@ -108,7 +108,8 @@ class ReturnToServiceResult(BaseModel):
 
 
 class NodeCheckRequest(_Request):
-    pass
+    boot_id: str | None = Field(default=None, description="The boot the report came from: a Node marked replaced "
+                                "refuses reports from the replaced host's boot, or from any boot but the kubelet's now.")
 
 
 class NodeCheckResult(BaseModel):

@@ -238,7 +238,11 @@ class KubeActivities:
             if err.status == 404:
                 return c.NodeCheckResult(exists=False, ours=False, reason=f"node {req.node} does not exist")
             self._raise_mapped("get", f"nodes/{req.node}", err)
-        if (why := replaced_host(n)) is not None:
+        if n.metadata.deletion_timestamp is not None:
+            # Being deleted (a Karpenter replacement's finalizer holds it while the instance goes).
+            return c.NodeCheckResult(exists=True, ours=False, reason=f"node {req.node} is being deleted "
+                                     f"(since {n.metadata.deletion_timestamp}): no node to remediate")
+        if (why := replaced_host(n, req.boot_id)) is not None:
             return c.NodeCheckResult(exists=True, ours=False, reason=why)
         if self.gpu_node_selector:
             found = await self._call("list", "nodes", self.core.list_node, field_selector=f"metadata.name={req.node}",
@@ -405,14 +409,20 @@ def load_core_api(kubeconfig: str | None = None) -> client.CoreV1Api:
     return client.CoreV1Api(client.ApiClient(cfg))
 
 
-def replaced_host(n: client.V1Node) -> str | None:
+def replaced_host(n: client.V1Node, report_boot: str | None = None) -> str | None:
     """Why a Node is the host gpuheal replaced (its instance runs on a while after the terminate), or
-    None. A new host registered under the same name reports another kubelet boot id: it is ours."""
+    None. A new host registered under the same name reports another kubelet boot id: it is ours.
+    `report_boot`, the boot a report came from: the replaced host's, or any but the kubelet's now
+    (the old host reporting late once the new one took the name), is refused."""
     ann = n.metadata.annotations or {}
     if c.REPLACED_ANNOTATION not in ann:
         return None
     boot = n.status.node_info.boot_id if n.status and n.status.node_info else None
     replaced_boot = ann.get(c.REPLACED_BOOT_ANNOTATION) or ""
+    if report_boot and (report_boot == replaced_boot or (boot and report_boot != boot)):
+        return (f"node {n.metadata.name} was replaced ({ann[c.REPLACED_ANNOTATION]}, boot {replaced_boot or 'unknown'}) "
+                f"and the report comes from boot {report_boot}, not the kubelet's {boot or '(none)'}: "
+                "reports from its old host start nothing")
     if boot and replaced_boot and boot != replaced_boot:
         return None
     return (f"node {n.metadata.name} was replaced ({ann[c.REPLACED_ANNOTATION]}, boot {replaced_boot or 'unknown'}): "

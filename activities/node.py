@@ -62,7 +62,11 @@ class NodeActivities:
                                                 gpu_instance_id=mig_id(getattr(p, "gpuInstanceId", None)),
                                                 compute_instance_id=mig_id(getattr(p, "computeInstanceId", None)),
                                                 start_ticks=self._start_ticks(p.pid)))
-            return out
+            # A pid may have exited and been reused between the listing and the start time's read:
+            # only a pid the driver still lists afterwards is the process whose start time was read.
+            still = {(i, p.pid) for i in wanted
+                     for p in nv.nvmlDeviceGetComputeRunningProcesses(nv.nvmlDeviceGetHandleByIndex(i))}
+            return [p for p in out if (p.gpu_index, p.pid) in still]
 
     def _targets(self, req: c.KillRequest) -> tuple[list[c.GpuProcess], list[str]]:
         """The processes a kill may signal, and what it spares: only implicated GPUs (none named:

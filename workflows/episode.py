@@ -17,6 +17,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.outcome import PATCH_OUTCOME_LEDGER
     from workflows.remediation_types import (
         ISSUE22_PATCHES,
+        ISSUE22_REDTEAM_PATCHES,
         MAX_ACTIONS_KEPT,
         MAX_RUN_IDS_KEPT,
         PATCH_BOUNDED_STATE,
@@ -81,7 +82,7 @@ class Episode:
     def _decide_issue22(self) -> None:
         """Issue 22's fixes, decided once when the run starts (before any activity's marker): a run
         started before them keeps the old behaviour, and meets the new one at continue-as-new."""
-        self._issue22 = {p for p in ISSUE22_PATCHES if workflow.patched(p)}
+        self._issue22 = {p for p in (*ISSUE22_PATCHES, *ISSUE22_REDTEAM_PATCHES) if workflow.patched(p)}
 
     def _fixed(self, patch: str) -> bool:
         """Whether this run has issue 22's fix `patch` (remediation_types.ISSUE22_PATCHES)."""

@@ -26,6 +26,7 @@ with workflow.unsafe.imports_passed_through():
         PATCH_GUARD_IDLE_RECHECK,
         PATCH_GUARD_NEVER_WEDGED,
         PATCH_GUARD_PAGED_CHECK,
+        PATCH_GUARD_REGRANT_WAITS,
         PATCH_GUARD_UPGRADE,
         GateRelease,
         GuardInput,
@@ -63,6 +64,7 @@ class FleetGuard(GuardBooks):
         self._never_wedged = workflow.patched(PATCH_GUARD_NEVER_WEDGED)
         self._idle_recheck = workflow.patched(PATCH_GUARD_IDLE_RECHECK)
         self._paged = workflow.patched(PATCH_GUARD_PAGED_CHECK)
+        self._regrant_waits = workflow.patched(PATCH_GUARD_REGRANT_WAITS)
         self._holder_check = None
         self._upgrade = False
 
@@ -205,7 +207,7 @@ class FleetGuard(GuardBooks):
                 workflow.continue_as_new(GuardInput(cluster=inp.cluster, policy=self.policy, state=self.s))
             try:
                 await workflow.wait_condition(
-                    lambda: self._wake or bool(self._regrant), timeout=self._next_deadline(),
+                    lambda: self._wake or (bool(self._regrant) and self._may_grant()), timeout=self._next_deadline(),
                     timeout_summary="re-check breaker and lease holders",
                 )
             except TimeoutError:
@@ -224,6 +226,12 @@ class FleetGuard(GuardBooks):
                 return why + (f"; alarm: {self.s.alarm}" if self.s.alarm else "")
             return gate or f"budget full: {len(self.s.holders)} of {self._limit()} leases held"
         return "in line"
+
+    def _may_grant(self) -> bool:
+        """No lease before the guard knows who holds one. (Before PATCH_GUARD_REGRANT_WAITS a re-grant
+        held back by that woke the loop at once, again and again: one workflow task that never
+        ended, and the guard wedged.)"""
+        return not self._regrant_waits or not self._learning() or self._forced()
 
     async def _grant(self) -> None:
         if self._learning() and not self._forced():

@@ -17,6 +17,9 @@ PATCH_GUARD_IDLE_RECHECK = "guard-idle-recheck"
 # workflow.patched id: the holder check is one paged listing, run beside the loop (grants and
 # admissions go on meanwhile), heartbeating, with a bounded retry (issue 22: 10).
 PATCH_GUARD_PAGED_CHECK = "guard-paged-holder-check"
+# workflow.patched id: a re-grant held back while the guard learns its holders waits for the learning
+# to end instead of waking the loop at once (a loop that spun inside one workflow task: a wedge).
+PATCH_GUARD_REGRANT_WAITS = "guard-regrant-waits"
 # workflow.patched id: a guard run started before guard-never-wedged continues as new when the
 # controller asks (the `upgrade` update, sent at controller start), so it meets the new behaviour
 # (issue 22: 11).

@@ -14,7 +14,7 @@ with workflow.unsafe.imports_passed_through():
     from activities import contracts as c
     from policies.durations import format_duration
     from workflows.episode import Episode
-    from workflows.remediation_types import PATCH_LEASE_REQUEST_IDS, Outcome
+    from workflows.remediation_types import PATCH_LEASE_REQUEST_IDS, PATCH_PAUSE_BEFORE_DRAIN, Outcome
     from workflows.report_intake import fault_cleared
 
 GUARD_SIGNAL_FAULT = "fault"
@@ -169,19 +169,46 @@ class GuardClient(Episode):
             # Each wait doubles, up to RESEND_BACKOFF_CAP times the first, so a long pause adds a
             # few events an hour to each waiter's history instead of one re-send per interval.
             try:
-                await workflow.wait_condition(lambda: self.s.lease_held or self._steered(), timeout=every,
+                await workflow.wait_condition(lambda: self.s.lease_held or self._steered() or self._paused_wait(),
+                                              timeout=every,
                                               timeout_summary=f"{self.node}'s lease request, re-sent")
                 break
             except TimeoutError:
                 await self._signal_guard(GUARD_SIGNAL_REQUEST, self._lease_request(), started=True)
                 if self._lease_backoff:
                     every = min(every * 2, self.policy.guard.holder_check_interval * RESEND_BACKOFF_CAP)
-        await workflow.wait_condition(lambda: self.s.lease_held or self._steered())
+        await workflow.wait_condition(lambda: self.s.lease_held or self._steered() or self._paused_wait())
         if self.s.lease_held:
             waited = workflow.now() - asked
             # How long the fleet held it back is part of the runbook (a pause, the budget, a storm).
             self._record("lease", f"disruption lease for {self.node}", True,
                          f"after waiting {format_duration(waited)}" if waited >= timedelta(seconds=1) else "")
+
+    def _paused_wait(self) -> bool:
+        """A pause wakes the lease wait (pause-before-drain): the grant is not taken while paused."""
+        return self.s.paused and self._fixed(PATCH_PAUSE_BEFORE_DRAIN)
+
+    async def _lease_unpaused(self) -> bool:
+        """The disruption lease, taken and kept only while the episode is not paused: a pause given
+        while it waited for approval or for the lease holds the drain until resume (the lease or its
+        request goes back meanwhile). False: steered away (cancel or skip)."""
+        if not self._fixed(PATCH_PAUSE_BEFORE_DRAIN):
+            await self._acquire_lease()
+            return not self._steered()
+        while True:
+            await self._hold_while_paused()
+            if self._steered():
+                return False
+            await self._acquire_lease()
+            if self._steered():
+                return False
+            if not self.s.paused:
+                return True
+            held = self.s.lease_held
+            await self._release_lease()
+            self._record("lease", f"gave back {self.node}'s disruption lease" if held
+                         else f"withdrew {self.node}'s lease request", True,
+                         f"paused ({self.s.pause_reason}) before the drain; taken again on resume")
 
     async def _release_lease(self, outcome: str | None = None) -> None:
         if not (self.s.lease_held or self.s.lease_requested):

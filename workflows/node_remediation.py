@@ -316,8 +316,7 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
                 return
             if not approved:
                 return self._finish(Outcome.AWAITING_APPROVAL, f"{rung.value} was not approved in time")
-            await self._acquire_lease()
-            if self._steered():
+            if not await self._lease_unpaused():
                 return
             await self._drain()
             if self.s.stage is Stage.DONE:
@@ -326,8 +325,7 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
         if self._steered():
             return
         if rung.disruptive and self._no_harm() and not self.policy.dry_run and not self.s.lease_held:
-            await self._acquire_lease()  # a long pause gave it back
-            if self._steered():
+            if not await self._lease_unpaused():  # a long pause gave it back
                 return
         if rung.disruptive and self._suspect_pending():
             if await self._suspect_cleared() or self.s.stage is Stage.DONE:

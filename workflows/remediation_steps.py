@@ -16,7 +16,13 @@ with workflow.unsafe.imports_passed_through():
     from policies.model import Rung
     from workflows.calls import call_or_none
     from workflows.lease import GuardClient
-    from workflows.remediation_types import PATCH_APPROVAL_NO_LEASE, PATCH_REPEAT_PER_BOARD, Outcome, Stage
+    from workflows.remediation_types import (
+        PATCH_APPROVAL_NO_LEASE,
+        PATCH_CHECK_REPORT_BOOT,
+        PATCH_REPEAT_PER_BOARD,
+        Outcome,
+        Stage,
+    )
 
 
 class RemediationSteps(GuardClient):
@@ -24,7 +30,9 @@ class RemediationSteps(GuardClient):
     async def _node_is_ours(self) -> bool:
         """A report for a node that does not exist, or is not a GPU node of ours, ends here: no lease,
         no cordon, no ledger, no denylist. When the API cannot say, the cordon's own checks decide."""
-        found = await self._kube(c.KUBE_CHECK_NODE, c.NodeCheckRequest(node=self.node), c.NodeCheckResult,
+        # The report's boot: a late one from the host gpuheal replaced is refused by the Node's mark.
+        boot = self.s.latest.boot_id if self._fixed(PATCH_CHECK_REPORT_BOOT) and self.s.latest else None
+        found = await self._kube(c.KUBE_CHECK_NODE, c.NodeCheckRequest(node=self.node, boot_id=boot), c.NodeCheckResult,
                                  f"check {self.node} is a GPU node of this cluster")
         if found is None or (found.exists and found.ours):
             if found is not None and self._holds():

@@ -74,6 +74,11 @@ PATCH_NODE_PROFILES = "node-profiles"
 # A waiting episode re-sends its lease request on a doubling interval (capped), not every
 # holder_check_interval: a long pause no longer grows each waiter's history without bound.
 PATCH_LEASE_BACKOFF = "lease-request-backoff"
+# Issue 22, red team: the next holes beside the fixes above, one id each (decided with ISSUE22_PATCHES).
+PATCH_CHECK_REPORT_BOOT = "check-node-report-boot"  # 14: kube.check_node sees the report's boot id
+PATCH_PAUSE_BEFORE_DRAIN = "pause-before-drain"  # a pause during the approval or lease wait holds the drain
+PATCH_REBOOT_DOUBT = "reboot-doubt-left-for-a-person"  # 2/13: no proof a reboot happened is never a replace
+ISSUE22_REDTEAM_PATCHES = (PATCH_CHECK_REPORT_BOOT, PATCH_PAUSE_BEFORE_DRAIN, PATCH_REBOOT_DOUBT)
 MAX_ACTIONS_KEPT = 200
 MAX_SEQ_SENDERS_KEPT = 32
 MAX_RUN_IDS_KEPT = 50

@@ -19,6 +19,7 @@ with workflow.unsafe.imports_passed_through():
         PATCH_APP_AGENT_MISSING,
         PATCH_DRY_RUN_DENYLIST,
         PATCH_KILL_IMPLICATED,
+        PATCH_REBOOT_DOUBT,
         PATCH_REPLACE_THEN_DENY,
         Outcome,
     )
@@ -111,6 +112,7 @@ class RungActions(GuardClient):
         does, the kubelet's boot id tells a machine that rebooted (its agent is what is missing)
         from one that did not come back."""
         before, agent_before = self.s.boot_id, self.s.agent_boot_id
+        agent_seq = self.s.seq_by_boot.get(f"agent:{agent_before}")  # the agent's last report from the old boot
         no_harm, dry = self._no_harm(), self.policy.dry_run
         sent = await self._cloud(c.CLOUD_REBOOT, c.RebootRequest(node=self.node, idempotency_key=key, dry_run=dry,
                                                                  ownership_tag=self.policy.ownership_tag,
@@ -134,6 +136,12 @@ class RungActions(GuardClient):
                          f"no report from a new boot within {rp.return_timeout}")
             if no_harm and not dry:
                 after = await self._kubelet_boot_id()
+                if self._fixed(PATCH_REBOOT_DOUBT):
+                    # A condition watcher's report of the kubelet's new boot proves the reboot too.
+                    seen = self.s.boot_id if self.s.boot_id not in {before, agent_before, kubelet_before} else None
+                    after = after or seen
+                    if self._reboot_in_doubt(after, kubelet_before, agent_before, agent_seq):
+                        return False
                 if self.s.agent_missing or (after and after != kubelet_before):
                     came_back = (f"the machine rebooted (kubelet boot id {kubelet_before} -> {after})"
                                  if after and after != kubelet_before else "the machine shows no new boot either")
@@ -144,6 +152,24 @@ class RungActions(GuardClient):
             return False  # steered away while waiting
         self.s.agent_missing = False
         self._record(Rung.REBOOT.value, f"{self.node} back from reboot", True, f"boot id {self.s.boot_id}")
+        return True
+
+    def _reboot_in_doubt(self, after: str | None, kubelet_before: str | None, agent_before: str | None,
+                         agent_seq: int | None) -> bool:
+        """After a reboot wait with no agent from a new boot: True (the episode ends quarantined for a
+        person, with why) unless the machine provably rebooted and did not come back healthy. Only
+        then is climbing on evidence; an unknown boot or a reboot not taken never is."""
+        if after is None:
+            why = (f"{self.node}'s boot id cannot be read (no agent from a new boot, the kubelet's unreadable): "
+                   "whether it rebooted is unknown; no evidence about the hardware, so nothing is replaced or "
+                   "denylisted: it stays quarantined for a person")
+        elif after == kubelet_before and (self.s.seq_by_boot.get(f"agent:{agent_before}") or 0) > (agent_seq or 0):
+            why = (f"reboot not taken: {self.node} still runs boot {after} and its agent reports on from it; "
+                   "the machine never went down, so that is no evidence for a replacement: it stays "
+                   "quarantined for a person")
+        else:
+            return False
+        self._finish(Outcome.QUARANTINED, why)
         return True
 
     async def _kubelet_boot_id(self) -> str | None:

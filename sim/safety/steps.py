@@ -150,7 +150,7 @@ async def _spoof_foreign(w, step, n):
 
 
 async def _spoof_cluster(w, step, n):
-    await _spoof(w, n.name, _forged(n.name, f"boot-{n.name}-{n.boot}", 10**6, [_lost_gpu()]),
+    await _spoof(w, n.name, _forged(n.name, f"boot-{n.name}-{n.boot}", 10**6, [_lost_gpu()], source="manual"),
                  what="other cluster", cluster=f"other-{w.sched.seed}")
 
 
@@ -160,7 +160,7 @@ async def _spoof_id(w, step, n):
     await w.client.start_workflow(
         NodeRemediation.run, RemediationInput(node=n.name, cluster=f"other-{w.sched.seed}", guard_task_queue=w.task_queue),
         id=wid, task_queue=w.task_queue, start_signal="report",
-        start_signal_args=[_forged(n.name, f"boot-{n.name}-{n.boot}", 10**6, [_lost_gpu()])])
+        start_signal_args=[_forged(n.name, f"boot-{n.name}-{n.boot}", 10**6, [_lost_gpu()], source="manual")])
 
 
 async def _spoof_seq(w, step, n):
@@ -186,7 +186,7 @@ async def _spoof_nested(w, step, n):
 
 
 async def _spoof_history(w, step, n):
-    await _spoof(w, n.name, _forged(n.name, f"boot-{n.name}-{n.boot}", 10**6, [_lost_gpu()]),
+    await _spoof(w, n.name, _forged(n.name, f"boot-{n.name}-{n.boot}", 10**6, [_lost_gpu()], source="manual"),
                  what="history_limit=1", history_limit=1)
 
 
@@ -200,6 +200,7 @@ async def _spoof_admission(w, step, n):
 async def _watchers(w, n, findings: list[Finding]) -> None:
     """Two condition-watcher replicas see the same condition and each sends it (kubelet's boot id)."""
     w.watcher_seq += 1
+    n.watched.extend(findings)
     for replica in (0, 1):
         report = HealthReport(node=n.name, boot_id=f"boot-{n.name}-{n.boot}", seq=10**15 + 2 * w.watcher_seq + replica,
                               source="watcher", findings=findings, detected_at=datetime.now(UTC))

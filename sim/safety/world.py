@@ -60,6 +60,7 @@ class SimNode(FakeNode):
     gpu: int = 0
     event: int = 0
     genuine: list[Finding] = field(default_factory=list)  # every finding this node's own agent reported
+    watched: list[Finding] = field(default_factory=list)  # what the condition watchers reported (node-wide)
     cordoned_by_other: bool = False
     replaced: bool = False
     admitted: bool = True

@@ -164,8 +164,9 @@ def summarize(fleet: WhatIfFleet, label: str, days: float, workloads: list[Workl
 
 async def simulate_policy(model: FaultModel, policy_arg: str, nodes: int, days: float, seed: int,
                           progress=None, count_events: bool = False, workloads: list[WorkloadModel] = (),
-                          faults: list[FaultDraw] | None = None) -> PolicyOutcome:
-    """One policy against the model's faults (or `faults`, a ledger's replayed) on a fresh time-skipping server."""
+                          faults: list[FaultDraw] | None = None, on_result=None) -> PolicyOutcome:
+    """One policy against the model's faults (or `faults`, a ledger's replayed) on a fresh time-skipping server.
+    `on_result(outcome)` hears the figures before the workers and the server are stopped."""
     started = time.monotonic()
     label, policy = resolve_policy(policy_arg)
     env = await WorkflowEnvironment.start_time_skipping(
@@ -205,10 +206,12 @@ async def simulate_policy(model: FaultModel, policy_arg: str, nodes: int, days: 
             out = summarize(fleet, label, days, list(workloads))
             if count_events:
                 out.events_per_episode = await _events_per_episode(env, fleet)
+            out.wall_s = round(time.monotonic() - started, 1)
+            if on_result:
+                on_result(out)
             await fleet.stop_workers()
     finally:
         await env.shutdown()
-    out.wall_s = round(time.monotonic() - started, 1)
     return out
 
 
@@ -227,14 +230,23 @@ def _child(model_json: str, policy_arg: str, nodes: int, days: float, seed: int,
         shared[index] = frac
     os.setpgrp()  # its own process group, with its test server: the parent can stop both (_stop)
     os.dup2(2, 1)  # the parent's stdout is for its table or JSON document
+    sent = []
+
+    def send(out: PolicyOutcome) -> None:
+        # Sent before the teardown: a worker or server that hangs stopping costs the parent's 30 s
+        # join, then _stop, never the run.
+        results.put((index, out.model_dump_json(), None))
+        sent.append(True)
+
     try:
         model = FaultModel.model_validate_json(model_json)
         workloads = [WorkloadModel.model_validate(w) for w in json.loads(workloads_json)]
         faults = [FaultDraw.model_validate(f) for f in json.loads(faults_json)] if faults_json else None
-        out = asyncio.run(simulate_policy(model, policy_arg, nodes, days, seed, progress, count_events, workloads, faults))
-        results.put((index, out.model_dump_json(), None))
+        asyncio.run(simulate_policy(model, policy_arg, nodes, days, seed, progress, count_events, workloads, faults,
+                                    on_result=send))
     except BaseException as err:  # noqa: BLE001 - said by the parent, with the policy's name
-        results.put((index, None, f"{type(err).__name__}: {err}"))
+        if not sent:
+            results.put((index, None, f"{type(err).__name__}: {err}"))
     # Leave without interpreter finalization: the SDK's native threads can hang it (see workers.cli.entry).
     results.close()
     results.join_thread()

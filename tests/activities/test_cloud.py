@@ -171,6 +171,22 @@ async def test_replaced_node_is_marked_and_its_old_host_is_not_ours(cloud):
     assert (await run(check.check_node, c.NodeCheckRequest(node="n10"))).ours
 
 
+async def test_replaced_node_refuses_the_old_hosts_report_once_the_new_host_took_the_name(cloud):
+    """The report's boot id decides, not only the Node's: once a new host registered under the name,
+    a late report from the old host (or any boot but the kubelet's now) is refused; the new host's is ours."""
+    acts, instance, _, _, kube = cloud
+    instance("n11")
+    kube.set_boot_id("n11", "boot-old")
+    assert (await run(acts.replace, c.ReplaceRequest(node="n11", idempotency_key="remediate/n11/run/replace/1"))).marked
+    kube.set_boot_id("n11", "boot-new")
+    check = KubeActivities(acts.core)
+    old = await run(check.check_node, c.NodeCheckRequest(node="n11", boot_id="boot-old"))
+    assert old.exists and not old.ours and "boot-old" in old.reason
+    assert not (await run(check.check_node, c.NodeCheckRequest(node="n11", boot_id="boot-other"))).ours
+    assert (await run(check.check_node, c.NodeCheckRequest(node="n11", boot_id="boot-new"))).ours
+    assert (await run(check.check_node, c.NodeCheckRequest(node="n11"))).ours
+
+
 async def test_replace_in_asg_keeps_capacity(cloud):
     acts, instance, ec2, asg, _ = cloud
     iid = instance("n4", in_asg=True)

@@ -27,9 +27,6 @@ def tags_of(ec2, iid: str) -> dict[str, str]:
     return {t["Key"]: t["Value"] for t in ec2.describe_tags(Filters=[{"Name": "resource-id", "Values": [iid]}])["Tags"]}
 
 
-@pytest.mark.xfail(strict=True, reason="defect: RebootInstances failing with a connection error (not a ClientError) "
-                   "leaves the key `pending`; the retry then falls inside the boot window and answers rebooted=True "
-                   "without ever sending the reboot")
 async def test_reboot_whose_request_never_left_is_sent_on_retry(cloud):  # noqa: F811
     acts, instance, ec2, _, kube = cloud
     iid = instance("n1")
@@ -109,9 +106,6 @@ class ListedThenGone(SimulatedNvml):
         return out
 
 
-@pytest.mark.xfail(strict=True, reason="defect: the start time is read after the NVML listing, so a pid reused "
-                   "between the listing and the /proc read is recorded with the *new* process's start time and "
-                   "then passes the start-time check; the kill signals a process that holds no GPU context")
 async def test_kill_never_signals_a_pid_reused_right_after_the_listing(tmp_path):
     from health.nics import NicExpectation
     from health.runner import ProbeConfig
@@ -190,10 +184,6 @@ def test_dynamo_board_count_without_serials_counts_each_gpu_apart(aws):
     assert ledger.count_recent(["GPU-1"], since, "e1", by_board=True) == 0
 
 
-@pytest.mark.xfail(strict=True, reason="defect: a Karpenter replacement deletes the Node and writes no replaced mark; "
-                   "Karpenter's termination finalizer keeps the Node (deletionTimestamp set) while it drains and "
-                   "terminates the instance, and kube.check_node calls that node ours: the old host's last report "
-                   "starts a second episode (cordon, drain, reboot, replace, denylist, ledger) - defect 14 again")
 async def test_karpenter_replaced_node_held_by_its_finalizer_is_not_ours(cloud):  # noqa: F811
     from activities.kube import KubeActivities
     acts, instance, ec2, _, kube = cloud

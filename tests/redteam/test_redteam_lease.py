@@ -116,9 +116,6 @@ async def _awaiting(handle, rung: str) -> bool:
     return (await status(handle)).awaiting_approval == rung
 
 
-@pytest.mark.xfail(strict=True, reason="defect: a pause given while the episode waits for approval is not honoured "
-                   "when the approval comes: the episode takes a lease and drains the paused node (the pause is only "
-                   "checked after the drain), though the README says a pause holds until resume or cancel")
 async def test_pause_during_the_approval_wait_holds_the_drain(ts_env, uniq):
     fleet = fleet_of(ts_env, uniq, one_lease_policy(approve=("reset",)))
     n = fleet.add(FakeNode(f"pauseapp-{uniq}", [xid(48)], cured_by="reset"))
@@ -137,8 +134,6 @@ async def test_pause_during_the_approval_wait_holds_the_drain(ts_env, uniq):
         f"paused, yet drained={'kube.drain' in n.calls} lease_held={s.lease_held}"
 
 
-@pytest.mark.xfail(strict=True, reason="defect: a pause given while the episode waits for its disruption lease: the "
-                   "grant, when it comes, is taken and the paused node drained at once")
 async def test_pause_during_the_lease_wait_holds_the_drain(ts_env, uniq):
     fleet = fleet_of(ts_env, uniq, one_lease_policy())
     a = fleet.add(FakeNode(f"holder-{uniq}", [xid(48)], cured_by="reset", hold=asyncio.Event()))
