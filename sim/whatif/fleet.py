@@ -364,6 +364,11 @@ class WhatIfFleet:
     async def load_figures(self, rec: c.LoadFiguresRecord) -> None:
         """The what-if models no load figures (its validation returns none): nothing to keep."""
 
+    @activity.defn(name=c.GUARD_RUNNING_HOLDERS)
+    async def running_holders(self, req: c.LiveHoldersRequest) -> c.LiveHoldersResult:
+        """The holders that run, by a describe each (the time-skipping server has no visibility)."""
+        return await GuardActivities(self.client).live_holders(req)
+
     @activity.defn(name=c.LEDGER_BASELINE)
     async def sku_baseline(self, req: c.BaselineRequest) -> c.BaselineResult:
         """No load figures in the what-if: a load test is judged against the shipped floors."""
@@ -383,9 +388,9 @@ class WhatIfFleet:
         return [self.deliver, self.quarantine, self.return_to_service, self.attribute_pods, self.drain, self.event,
                 self.check_node, self.count_fleet, self.quarantined_nodes, self.reboot, self.kubelet_boot_id,
                 self.replace, self.record, self.count_recent, self.check_denied, self.denylist_add, self.sku_baseline,
-                self.admit, self.admitted, self.last_started, self.load_figures,
+                self.admit, self.admitted, self.last_started, self.load_figures, self.running_holders,
                 PolicyActivities(self.policy, "whatif").current, guard.signal_guard, guard.live_holders,
-                guard.running_holders, guard.running_episodes]
+                guard.running_episodes]
 
     def node_activities(self) -> list:
         """What each node's agent serves on node/<name>."""
