@@ -2,24 +2,13 @@
 
 from datetime import UTC, datetime, timedelta
 
-import pytest
 from temporalio.testing import ActivityEnvironment
 
 from activities import contracts as c
-from activities.ledger import DynamoLedger, SqliteLedger
 from activities.load_ledger import LoadFigureActivities, outliers
 from policies.load import GpuLoadResult
 
 AT = datetime(2026, 12, 1, tzinfo=UTC)
-
-
-@pytest.fixture(params=["sqlite", "dynamodb"])
-def ledger(request, tmp_path):
-    if request.param == "sqlite":
-        return SqliteLedger(tmp_path / "ledger.db")
-    ddb = request.getfixturevalue("aws")("dynamodb")
-    DynamoLedger.create_table(ddb, "gpuheal-ledger")
-    return DynamoLedger(ddb, "gpuheal-ledger")
 
 
 def gpu(node: str, i: int, tflops: float, failed=(), sku="NVIDIA H200") -> GpuLoadResult:
