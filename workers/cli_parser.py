@@ -138,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     whatif.add_argument("--seed", type=int, default=1, help="the faults drawn: one seed, the same faults for every policy")
     whatif.add_argument("--json", action="store_true")
     whatif.add_argument("--plot", metavar="OUT.png", help="draw availability over time and node-hours lost by cause")
-    whatif.add_argument("--jobs", type=int, default=None, help="policies run at once, one process each (default: cores)")
+    whatif.add_argument("--jobs", type=int, default=None, help="policies run at once, one process each (default 1: two at once can stall under load)")
     whatif.add_argument("--workload", action="append", dest="workloads", metavar="WORKLOAD",
                         help="jobs on the fleet (YAML, or shipped: llama3-pretrain, training, training-checkpointed): "
                              "job success, ETTR, goodput lost per policy; again for another on the same outages")
