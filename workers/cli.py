@@ -13,11 +13,15 @@ from policies.loader import PolicyError, load_policy
 from workers.telemetry import FlagError, configure_logging
 
 
-def _print_json(doc) -> None:
+def _machine_text(doc) -> str:
     """The one document a command prints with --json or -o json|yaml."""
     from workers import render
 
-    sys.stdout.write(render.document(doc, render.MACHINE["format"]) + "\n")
+    return render.document(doc, render.MACHINE["format"])
+
+
+def _print_json(doc) -> None:
+    sys.stdout.write(_machine_text(doc) + "\n")
 
 
 def cmd_policy_check(args) -> int:
@@ -402,9 +406,7 @@ def _operator(args, work) -> int:
     def show(doc) -> str:
         doc = doc.model_dump(mode="json") if hasattr(doc, "model_dump") else doc
         if args.json:
-            from workers import render
-
-            return render.document(doc, render.MACHINE["format"])
+            return _machine_text(doc)
         from workers.render import human
 
         return human(args.command, doc, wide=getattr(args, "output", None) == "wide")
