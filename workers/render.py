@@ -26,14 +26,14 @@ def document(doc, output: str) -> str:
     return json.dumps(doc, indent=1, default=str)
 
 
-def table(columns: list[str], rows: list[list], title: str | None = None) -> str:
+def table(columns: list[str], rows: list[list]) -> str:
     """A kubectl-style table: upper-case headers, no borders, two spaces between columns."""
     tty = sys.stdout.isatty()
     # Never cut to the terminal width (kubectl lets a long row wrap instead).
     console = Console(file=io.StringIO(), force_terminal=tty, no_color=not tty, width=10_000,
                       highlight=False)
     t = Table(*[c.upper() for c in columns], box=None, pad_edge=False, padding=(0, 2, 0, 0),
-              header_style="bold" if tty else "", title=title, title_justify="left", show_edge=False)
+              header_style="bold" if tty else "", show_edge=False)
     for row in rows:
         t.add_row(*["<none>" if v is None else str(v) for v in row])
     with console.capture() as cap:
