@@ -51,8 +51,15 @@ UNVALIDATED_TAINT = "gpuheal.io/unvalidated"
 CONDITION_TYPE = "GpuHealthy"
 
 
-def node_task_queue(node: str) -> str:
-    """The agent on each node serves node-local activities on its own queue."""
+def node_task_queue(node: str, cluster: str) -> str:
+    """The agent on each node serves node-local activities on its own queue, named with its cluster
+    so two fleets with a node of one name on one namespace never take each other's resets."""
+    return _scoped("node", cluster, node)
+
+
+def legacy_node_task_queue(node: str) -> str:
+    """The queue before it carried the cluster: episodes started then schedule on it, so agents
+    serve it too (agent_queue_of says which a workflow schedules on)."""
     return f"node/{node}"
 
 
@@ -63,16 +70,56 @@ GUARD_WORKFLOW = "FleetGuard"
 ADMISSION_WORKFLOW = "NodeAdmission"
 
 
-def remediation_workflow_id(node: str) -> str:
+def _scoped(kind: str, cluster: str, node: str) -> str:
+    # The cluster keeps two fleets with a node of one name apart on one Temporal namespace.
+    if not cluster or "/" in cluster or not node or "/" in node:
+        raise ValueError(f"cluster {cluster!r} and node {node!r}: each must be non-empty, without '/'")
+    return f"{kind}/{cluster}/{node}"
+
+
+def remediation_workflow_id(node: str, cluster: str) -> str:
     """One episode per unhealthy spell of a node; the next spell reuses the id."""
+    return _scoped("remediate", cluster, node)
+
+
+def legacy_remediation_workflow_id(node: str) -> str:
+    """The id before it carried the cluster: episodes started then run on under it (the upgrade path
+    is workers/reporting.episode_id)."""
     return f"remediate/{node}"
+
+
+def node_in_workflow_id(workflow_id: str, kind: str) -> str | None:
+    """The node that `kind/<cluster>/<node>` (or the legacy `kind/<node>`) names; None for another kind."""
+    prefix = f"{kind}/"
+    if not workflow_id.startswith(prefix) or len(workflow_id) == len(prefix):
+        return None
+    return workflow_id[len(prefix):].rsplit("/", 1)[-1] or None
+
+
+def cluster_in_workflow_id(workflow_id: str, kind: str) -> str | None:
+    """The cluster `kind/<cluster>/<node>` names; None for a legacy `kind/<node>` or another kind."""
+    parts = workflow_id.split("/")
+    return parts[1] if len(parts) == 3 and parts[0] == kind else None
+
+
+def agent_queue_of(workflow_id: str, kind: str, node: str) -> str:
+    """The agent queue for a workflow's node-local steps. An id with the cluster was started by an
+    agent that serves `node/<cluster>/<node>` (and the old queue too); one without it by an agent
+    from before, which serves only `node/<node>`, where every recorded history scheduled (so the
+    choice needs no workflow.patched: it follows from the id)."""
+    cluster = cluster_in_workflow_id(workflow_id, kind)
+    return node_task_queue(node, cluster) if cluster else legacy_node_task_queue(node)
 
 
 def guard_workflow_id(cluster: str) -> str:
     return f"fleet-guard/{cluster}"
 
 
-def admission_workflow_id(node: str) -> str:
+def admission_workflow_id(node: str, cluster: str) -> str:
+    return _scoped("admit", cluster, node)
+
+
+def legacy_admission_workflow_id(node: str) -> str:
     return f"admit/{node}"
 
 
@@ -446,8 +493,8 @@ NODE_INVENTORY = "node.inventory"
 PROFILE_WORKFLOW = "NodeProfile"
 
 
-def profile_workflow_id(node: str) -> str:
-    return f"profile/{node}"
+def profile_workflow_id(node: str, cluster: str) -> str:
+    return _scoped("profile", cluster, node)
 
 
 class ExpectationsRequest(BaseModel):

@@ -1,4 +1,4 @@
-"""Node-local side effects (task queue node/<name>): GPU processes, GPU reset, validation, boot id."""
+"""Node-local side effects (task queue node/<cluster>/<node>): GPU processes, GPU reset, validation, boot id."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ class NodeActivities:
         self.open_devices = open_devices or cupy_opener(nv)
 
     def activities(self) -> list:
-        """What the node's worker registers on node/<name>."""
+        """What the node's worker registers on node/<cluster>/<node>."""
         return [self.kill_gpu_processes, self.reset_gpu, self.validate, self.gpu_pods, self.inventory, self.hardware_ids]
 
     @activity.defn(name=c.NODE_HARDWARE_IDS)

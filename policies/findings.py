@@ -97,7 +97,7 @@ NODE_HARDWARE_KINDS = {FindingKind.NIC_PORTS_DOWN, FindingKind.PCIE_DEGRADED, Fi
 
 
 class HealthReport(BaseModel):
-    """What a detector signals to `remediate/<node>`. No findings means the node is healthy."""
+    """What a detector signals to `remediate/<cluster>/<node>`. No findings means the node is healthy."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

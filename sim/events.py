@@ -8,7 +8,6 @@ import contextlib
 import logging
 from datetime import UTC, datetime
 
-from activities.contracts import remediation_workflow_id
 from policies.findings import Finding, HealthReport
 from workers.reporting import send_report
 
@@ -41,7 +40,7 @@ async def apply_event(fleet, ev) -> None:
         name = {"skip": "skip_to"}.get(ev.command, ev.command)
         args = {"pause": ["scenario: pause"], "cancel": ["scenario: cancel"], "skip_to": [ev.rung]}.get(name, [])
         try:
-            await fleet.temporal.get_workflow_handle(remediation_workflow_id(ev.node)).execute_update(
+            await fleet.temporal.get_workflow_handle(fleet.episode_id(ev.node)).execute_update(
                 name, args=[*args, OPERATOR])
         except Exception as err:  # noqa: BLE001 - refused: said, and the scenario goes on
             log.info("%s %s refused: %s", ev.command, ev.node, err)

@@ -93,8 +93,8 @@ class SimHost:
     seen_reboot_key: str | None = None
     replaced: bool = False
     agent: Agent | None = None
-    worker: Worker | None = None  # the agent's node-local worker on node/<name>
-    agent_down: bool = False  # the agent was stopped: no probes, no reports, nobody polls node/<name>
+    worker: Worker | None = None  # the agent's node-local worker on node/<cluster>/<node>
+    agent_down: bool = False  # the agent was stopped: no probes, no reports, nobody polls node/<cluster>/<node>
     injected: bool = False
     calls: list[str] = field(default_factory=list)  # node-local activities run here, in order
     killed: list[dict] = field(default_factory=list)  # processes the kill activity signalled: pid, gpu, pod
@@ -198,6 +198,9 @@ class SimulatedFleet:
     _pods_made: int = 0
     ledger_path: Path | None = None  # the controller's ledger (the demo's is .gpuheal/ledger.db); default: a temp one
 
+    def episode_id(self, node: str) -> str:
+        return remediation_workflow_id(node, self.cluster)
+
     def agent_config(self, host: SimHost) -> AgentConfig:
         """The agent's production timings on the scenario's clock, so scenarios see its re-sends and
         held events where production would (the poll no faster than the fleet's beat)."""
@@ -242,7 +245,7 @@ class SimulatedFleet:
         def node_worker(host: SimHost) -> Worker:
             acts = SimNodeActivities(host, self.agent_config(host).probe, host.nv, proc=host.proc, nvidia_smi=str(smi),
                                      dcgmi=str(self.tmp / "no-dcgmi"), open_devices=sim_opener(host.nv))
-            return Worker(self.temporal, task_queue=node_task_queue(host.name), activities=acts.activities())
+            return Worker(self.temporal, task_queue=node_task_queue(host.name, self.cluster), activities=acts.activities())
         self.new_node_worker = node_worker  # an agent started again (a scenario's agent_start event)
         for host in self.hosts.values():
             host.worker = node_worker(host)
@@ -354,7 +357,7 @@ class SimulatedFleet:
             if host.await_uncordon:
                 return False
             try:
-                desc = await self.temporal.get_workflow_handle(remediation_workflow_id(host.name)).describe()
+                desc = await self.temporal.get_workflow_handle(self.episode_id(host.name)).describe()
             except Exception:  # noqa: BLE001 - not started yet
                 return False
             if desc.status == WorkflowExecutionStatus.RUNNING:

@@ -72,12 +72,12 @@ def healthy_row(node: str, workflow_id: str | None = None) -> dict:
             "detect_to_cordon_ms": None, "duration_s": 0.0}
 
 
-async def node_outcome(client: Client, node: str, since: datetime) -> dict:
+async def node_outcome(client: Client, node: str, cluster: str, since: datetime) -> dict:
     """Every episode of a node in this run, newest last, folded into the outcome document's row."""
-    runs = [w async for w in client.list_workflows(f'WorkflowId = "{remediation_workflow_id(node)}"')
+    runs = [w async for w in client.list_workflows(f'WorkflowId = "{remediation_workflow_id(node, cluster)}"')
             if w.start_time >= since]  # a persistent server keeps earlier demos' episodes too
     runs.sort(key=lambda w: w.start_time)
-    row = healthy_row(node, remediation_workflow_id(node))
+    row = healthy_row(node, remediation_workflow_id(node, cluster))
     for w in runs:
         row["run_ids"].append(w.run_id)
         row["history_events"] += w.history_length or 0
@@ -110,13 +110,13 @@ async def node_outcome(client: Client, node: str, since: datetime) -> dict:
     return row
 
 
-async def wait_visible(client: Client, nodes: list[str], timeout_s: float = 10.0) -> None:
+async def wait_visible(client: Client, nodes: list[str], cluster: str, timeout_s: float = 10.0) -> None:
     """Visibility lags the histories by about a second on the dev server: poll, don't hope."""
     loop = asyncio.get_running_loop()
     end = loop.time() + timeout_s
     while loop.time() < end:
         closed = [w async for w in client.list_workflows('WorkflowType = "NodeRemediation" AND ExecutionStatus != "Running"')]
-        if {w.id for w in closed} >= {remediation_workflow_id(n) for n in nodes}:
+        if {w.id for w in closed} >= {remediation_workflow_id(n, cluster) for n in nodes}:
             return
         await asyncio.sleep(0.3)
 
@@ -149,13 +149,13 @@ async def _play(scenario: Scenario, policy: Policy, client: Client, on_tick, aft
             faulty = sorted({f.node for f in scenario.faults} | {e.node for e in scenario.events if e.kind in (
                 "report", "condition_set", "operator") and e.node})
             if not late:
-                await wait_visible(client, faulty)
-            rows = [await node_outcome(client, n, since) if n in faulty else healthy_row(n)
+                await wait_visible(client, faulty, fleet.cluster)
+            rows = [await node_outcome(client, n, fleet.cluster, since) if n in faulty else healthy_row(n)
                     for n in scenario.fleet.names()]
             if late:  # what still waits has been said in its row: end it with the scenario
                 for n in faulty:
                     with contextlib.suppress(Exception):
-                        await client.get_workflow_handle(remediation_workflow_id(n)).terminate("scenario deadline")
+                        await client.get_workflow_handle(fleet.episode_id(n)).terminate("scenario deadline")
             guard = client.get_workflow_handle(guard_workflow_id(fleet.cluster))
             try:
                 g = await guard.query(FleetGuard.status)
@@ -217,7 +217,7 @@ class Progress:
             if not host.injected:
                 continue
             try:
-                st = await fleet.temporal.get_workflow_handle(remediation_workflow_id(host.name)).query(
+                st = await fleet.temporal.get_workflow_handle(fleet.episode_id(host.name)).query(
                     NodeRemediation.status)
                 rows[host.name] = [st.stage.value, st.next_rung.value if st.next_rung else "-",
                                    st.outcome.value if st.outcome else "", st.actions[-1].summary[:60] if st.actions else ""]

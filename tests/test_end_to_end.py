@@ -17,7 +17,7 @@ from temporalio.service import RPCError
 from temporalio.worker import Worker
 
 from activities.cloud import REBOOT_KEY_TAG, REBOOT_STATE_TAG, CloudActivities
-from activities.contracts import guard_workflow_id, node_task_queue
+from activities.contracts import guard_workflow_id, node_task_queue, remediation_workflow_id
 from activities.guard import GuardActivities
 from activities.kube import KubeActivities
 from activities.ledger import LedgerActivities, SqliteLedger
@@ -111,7 +111,7 @@ async def gpu_cluster(dev_env, aws, tmp_path, uniq, policy):
     controller = Worker(dev_env.client, task_queue=tq, workflows=CONTROLLER_WORKFLOWS,
                         activities=controller_activities(kube_acts, cloud_acts, ledger, guard,
                                                                   PolicyActivities(policy, "test")))
-    agent_worker = Worker(dev_env.client, task_queue=node_task_queue(node), activities=node_acts.activities())
+    agent_worker = Worker(dev_env.client, task_queue=node_task_queue(node, cluster), activities=node_acts.activities())
     stop = asyncio.Event()
     try:
         async with controller, agent_worker:
@@ -145,7 +145,7 @@ async def test_reboot_class_fault_end_to_end(dev_env, aws, tmp_path, uniq, cordo
         st.nv.inject("gpu_lost", gpu=2)
         report = await st.host.agent.step()
         assert [f.kind for f in report.findings] == ["gpu_lost"]
-        handle = dev_env.client.get_workflow_handle(f"remediate/{st.node}", result_type=RemediationResult)
+        handle = dev_env.client.get_workflow_handle(remediation_workflow_id(st.node, st.cluster), result_type=RemediationResult)
         result = await asyncio.wait_for(handle.result(), 120)
         events = [e async for e in handle.fetch_history_events()]
         status = await handle.query(NodeRemediation.status)
@@ -183,7 +183,7 @@ async def test_dry_run_changes_nothing(dev_env, aws, tmp_path, uniq):
         before_pods = st.kube.list("Pod", None)
         st.nv.inject("gpu_lost", gpu=2)
         await st.host.agent.step()
-        handle = dev_env.client.get_workflow_handle(f"remediate/{st.node}", result_type=RemediationResult)
+        handle = dev_env.client.get_workflow_handle(remediation_workflow_id(st.node, st.cluster), result_type=RemediationResult)
         result = await asyncio.wait_for(handle.result(), 120)
         status = await handle.query(NodeRemediation.status)
     assert result.outcome == "dry_run" and "would reboot" in result.reason

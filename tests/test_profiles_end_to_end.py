@@ -5,7 +5,7 @@ against it; the controller tells the agent its profile."""
 import asyncio
 import json
 
-from activities.contracts import admission_workflow_id
+from activities.contracts import admission_workflow_id, remediation_workflow_id
 from policies.baseline import BASELINE_ANNOTATION, NodeBaseline
 from policies.loader import default_policy, policy_from_mapping
 from sim.sysfs import PORT_DOWN, PORT_UP, write_ib_ports
@@ -49,7 +49,7 @@ async def test_observe_profile_records_and_never_cordons(dev_env, aws, tmp_path,
         st.nv.inject("gpu_lost", gpu=2)  # fatal, would start at reboot
         report = await st.host.agent.step()
         assert [f.kind for f in report.findings] == ["gpu_lost"]
-        handle = dev_env.client.get_workflow_handle(f"remediate/{st.node}", result_type=RemediationResult)
+        handle = dev_env.client.get_workflow_handle(remediation_workflow_id(st.node, st.cluster), result_type=RemediationResult)
         result = await asyncio.wait_for(handle.result(), 60)
         node = st.kube.get("Node", "", st.node)
         assert result.outcome == "observed" and "would start at reboot" in result.reason, result
@@ -99,7 +99,7 @@ async def test_admission_records_the_validated_baseline(dev_env, aws, tmp_path, 
         write_ib_ports(tmp_path / "ib", [PORT_UP] * 8)
         tq = st.host.agent.config.task_queue
         assert await start_admission(dev_env.client, node=st.node, hardware_ids=["GPU-x"], task_queue=tq)
-        handle = dev_env.client.get_workflow_handle(admission_workflow_id(st.node), result_type=AdmissionResult)
+        handle = dev_env.client.get_workflow_handle(admission_workflow_id(st.node, st.cluster), result_type=AdmissionResult)
         result = await asyncio.wait_for(handle.result(), 90)
         assert result.outcome == "healthy", result
         base = baseline_of(st)

@@ -16,7 +16,6 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
 from activities import contracts as c
-from activities.contracts import remediation_workflow_id
 from activities.node import NodeActivities
 from health.kmsg import KmsgFollower
 from health.nvml import XidWatcher
@@ -26,7 +25,7 @@ from policies.classify import judge
 from policies.findings import Finding, FindingKind, HealthReport
 from policies.model import Generation, Policy
 from workers import telemetry
-from workers.reporting import fit_to_bounds, send_report, start_admission
+from workers.reporting import episode_id, fit_to_bounds, send_report, start_admission
 
 AGENT_VERSION = "gpuheal-agent/0.1"
 log = logging.getLogger("gpuheal.agent")
@@ -46,7 +45,7 @@ class AgentConfig:
     event_hold_s: float = 600.0  # how long a one-shot Xid event counts as a current finding
     kmsg: Path | None = Path("/dev/kmsg")  # the fallback when NVML events are missing; None: off
     kmsg_state: Path | None = None  # where the kernel-log position is kept (on the host: survives restarts)
-    admit_on_start: bool = True  # a node's first agent report starts its admission (admit/<node>)
+    admit_on_start: bool = True  # a node's first agent report starts its admission (admit/<cluster>/<node>)
     # Ask the controller for the node's profile and baseline (`gpuheal agent` in a cluster); off when a
     # profile was given by name or file (--profile), and in tests that drive the agent alone.
     lookup_expectations: bool = False
@@ -121,7 +120,8 @@ class Agent:
         telemetry.count_probe_failures(self.client.service_client.config.runtime, self.config.node, snap.findings)
         if self.announce and self.config.admit_on_start:
             ids = sorted({g.uuid for g in snap.gpus} | {g.serial for g in snap.gpus if g.serial})
-            await start_admission(self.client, node=self.config.node, hardware_ids=ids, task_queue=self.config.task_queue)
+            await start_admission(self.client, node=self.config.node, hardware_ids=ids, cluster=self.config.cluster,
+                                  task_queue=self.config.task_queue)
         findings = self.confirmed(snap.findings)
         # A new event of the same kind on the same GPU is news: it is sent at once, not at the re-send.
         fingerprint = tuple(sorted(str((*_key(f), f.event_id)) for f in findings))
@@ -170,7 +170,7 @@ class Agent:
         try:
             exp = await self.client.execute_workflow(
                 NodeProfileLookup.run, ExpectationsRequest(node=cfg.node, observed=learn, boot_id=self.boot_id),
-                id=profile_workflow_id(cfg.node), task_queue=cfg.task_queue, execution_timeout=timedelta(minutes=2),
+                id=profile_workflow_id(cfg.node, cfg.cluster), task_queue=cfg.task_queue, execution_timeout=timedelta(minutes=2),
                 id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING, result_type=NodeExpectations)
         except Exception as err:  # noqa: BLE001 - no answer: probe on with what we have, ask again later
             log.warning("node %s: no expectations from the controller yet: %s", cfg.node, err)
@@ -186,7 +186,8 @@ class Agent:
     async def _episode_open(self) -> bool:
         """After a reboot the episode waits for a report from the new boot, healthy or not."""
         try:
-            desc = await self.client.get_workflow_handle(remediation_workflow_id(self.config.node)).describe()
+            desc = await self.client.get_workflow_handle(
+                await episode_id(self.client, self.config.node, self.config.cluster)).describe()
         except RPCError as err:
             if err.status == RPCStatusCode.NOT_FOUND:
                 return False
@@ -217,9 +218,9 @@ class Agent:
 
 
 async def run_agent(client: Client, config: AgentConfig, stop: asyncio.Event, nv=pynvml) -> None:
-    """The probe loop and the node-local worker (task queue node/<name>) together."""
-    activities = NodeActivities(config.probe, nv)
-    worker = Worker(client, task_queue=c.node_task_queue(config.node),
-                    activities=activities.activities())
-    async with worker:
+    """The probe loop and the node-local worker (task queue node/<cluster>/<name>) together. The
+    queue without the cluster is served too: episodes started before queues carried it schedule there."""
+    activities = NodeActivities(config.probe, nv).activities()
+    async with Worker(client, task_queue=c.node_task_queue(config.node, config.cluster), activities=activities), \
+            Worker(client, task_queue=c.legacy_node_task_queue(config.node), activities=activities):
         await Agent(client, config, nv).run(stop)

@@ -206,7 +206,7 @@ def cmd_controller(args) -> int:
 
 
 def cmd_agent(args) -> int:
-    """The node agent: probes this host and serves node-local activities on node/<name>."""
+    """The node agent: probes this host and serves node-local activities on node/<cluster>/<node>."""
     from workers.agent import AgentConfig, run_agent
     from workers.cli_profiles import local_profile
 
@@ -449,13 +449,13 @@ WATCH_EVERY_S = 2.0
 def cmd_status(args) -> int:
     from workers import operator as op
 
-    return _operator(args, lambda c: op.node_status(c, args.node) if args.node else op.fleet_status(c))
+    return _operator(args, lambda c: op.node_status(c, args.node, args.cluster) if args.node else op.fleet_status(c))
 
 
 def cmd_history(args) -> int:
     from workers import operator as op
 
-    return _operator(args, lambda c: op.history(c, args.node))
+    return _operator(args, lambda c: op.history(c, args.node, args.cluster))
 
 
 def cmd_episode_update(args) -> int:
@@ -463,7 +463,7 @@ def cmd_episode_update(args) -> int:
 
     update, extra = {"approve": ("approve", [getattr(args, "rung", "")]), "replace": ("skip_to", ["replace"]),
                      "lift": ("lift", [getattr(args, "reason", "")])}[args.command]
-    return _operator(args, lambda c: op.update_episode(c, args.node, update, *extra))
+    return _operator(args, lambda c: op.update_episode(c, args.node, args.cluster, update, *extra))
 
 
 def cmd_guard_update(args) -> int:

@@ -13,10 +13,15 @@ from temporalio.client import Client, RPCTimeoutOrCancelledError, WorkflowExecut
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities import contracts as c
-from activities.contracts import guard_workflow_id, remediation_workflow_id
+from activities.contracts import (
+    guard_workflow_id,
+    legacy_remediation_workflow_id,
+    node_in_workflow_id,
+    remediation_workflow_id,
+)
 from policies.findings import Finding, HealthReport
 from workers.episode_history import closed_episode
-from workers.reporting import send_report
+from workers.reporting import episode_id, send_report
 from workflows.fleet_guard import FleetGuard
 from workflows.guard_types import GateRelease
 from workflows.node_remediation import NodeRemediation
@@ -63,8 +68,8 @@ async def query_status(client: Client, handle: WorkflowHandle):
     return await ask(client, handle, lambda t: handle.query(NodeRemediation.status, rpc_timeout=t))
 
 
-async def _running(client: Client, node: str):
-    handle = client.get_workflow_handle(remediation_workflow_id(node))
+async def _running(client: Client, node: str, cluster: str):
+    handle = client.get_workflow_handle(await episode_id(client, node, cluster))
     try:
         desc = await handle.describe()
     except RPCError as err:
@@ -74,8 +79,8 @@ async def _running(client: Client, node: str):
     return handle, desc.status == WorkflowExecutionStatus.RUNNING
 
 
-async def node_status(client: Client, node: str) -> RemediationStatus:
-    handle, _ = await _running(client, node)
+async def node_status(client: Client, node: str, cluster: str) -> RemediationStatus:
+    handle, _ = await _running(client, node, cluster)
     st = await query_status(client, handle)
     if st.lease_requested and not st.lease_held and st.stage.value != "done":
         # Which gate holds the lease back is the guard's to say.
@@ -94,7 +99,7 @@ async def fleet_status(client: Client) -> list[dict]:
     out = []
     async for w in client.list_workflows('WorkflowType = "NodeRemediation" AND ExecutionStatus = "Running"'):
         sa = w.typed_search_attributes
-        row = {"node": sa.get(SA_NODE) or w.id.removeprefix("remediate/"), "stage": sa.get(SA_STAGE),
+        row = {"node": sa.get(SA_NODE) or node_in_workflow_id(w.id, "remediate"), "stage": sa.get(SA_STAGE),
                "next_rung": None, "fault_class": sa.get(SA_FAULT), "paused": None, "awaiting_approval": None}
         try:
             st = await query_status(client, client.get_workflow_handle(w.id, run_id=w.run_id))
@@ -108,12 +113,14 @@ async def fleet_status(client: Client) -> list[dict]:
     return sorted(out, key=lambda r: r["node"])
 
 
-async def history(client: Client, node: str) -> list[dict]:
-    """Every episode of a node, oldest first, each step with its time and result. A running episode
-    answers a query; a closed one is read from its event history (no worker needed); one that cannot
-    answer is one row saying why, not a failed listing."""
+async def history(client: Client, node: str, cluster: str) -> list[dict]:
+    """Every episode of a node, oldest first, each step with its time and result (episodes from
+    before ids carried the cluster included). A running episode answers a query; a closed one is read
+    from its event history (no worker needed); one that cannot answer is one row saying why, not a
+    failed listing."""
     episodes = []
-    async for w in client.list_workflows(f'WorkflowId = "{remediation_workflow_id(node)}"'):
+    ids = (remediation_workflow_id(node, cluster), legacy_remediation_workflow_id(node))
+    async for w in client.list_workflows(" OR ".join(f'WorkflowId = "{i}"' for i in ids)):
         handle = client.get_workflow_handle(w.id, run_id=w.run_id)
         row = {"run_id": w.run_id, "started": w.start_time.isoformat(), "status": w.status.name}
         if w.status != WorkflowExecutionStatus.RUNNING:
@@ -133,8 +140,8 @@ async def history(client: Client, node: str) -> list[dict]:
     return sorted(episodes, key=lambda e: e["started"])
 
 
-async def update_episode(client: Client, node: str, update: str, *args) -> RemediationStatus:
-    handle, running = await _running(client, node)
+async def update_episode(client: Client, node: str, cluster: str, update: str, *args) -> RemediationStatus:
+    handle, running = await _running(client, node, cluster)
     if not running:
         raise OperatorError(f"node {node!r} has no open remediation episode")
     # Who asked goes last: the episode records it in its history and in `status`.
@@ -176,7 +183,7 @@ async def manual_report(client: Client, node: str, xid: int, gpu: int, cluster: 
     """A person's report: its own sequence, on the node's current boot so the agent's stay valid."""
     boot = "manual"
     try:
-        handle, running = await _running(client, node)
+        handle, running = await _running(client, node, cluster)
         if running:  # a closed episode (ended, or terminated by hand) has no boot to keep in step with
             boot = (await query_status(client, handle)).boot_id or boot
     except (OperatorError, RPCError):
@@ -194,7 +201,7 @@ async def suspect_report(client: Client, node: str, why: str, min_interval: time
     `min_interval` ago: one flaky job must not keep a node out of service."""
     boot = "manual"
     try:
-        handle, running = await _running(client, node)
+        handle, running = await _running(client, node, cluster)
         if running:
             boot = (await query_status(client, handle)).boot_id or boot
         else:

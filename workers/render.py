@@ -15,6 +15,8 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from activities.contracts import node_in_workflow_id
+
 OUTPUTS = ("table", "wide", "json", "yaml")
 MACHINE = {"format": "json"}  # what --json prints in this process: set once by the CLI's main from -o
 
@@ -115,7 +117,7 @@ def _guard(doc: dict, wide: bool) -> str:
 
 def _some(names: list[str], wide: bool, shown: int = 8) -> str:
     """A list in one line: all of it with -o wide, else the first few and how many more."""
-    names = [n.removeprefix("remediate/") for n in names]
+    names = [node_in_workflow_id(n, "remediate") or n for n in names]
     if wide or len(names) <= shown:
         return ", ".join(names)
     return ", ".join(names[:shown]) + f" and {len(names) - shown} more"

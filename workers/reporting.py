@@ -1,12 +1,14 @@
-"""Sending a health report: signal-with-start of `remediate/<node>`, one path for every detector."""
+"""Sending a health report: signal-with-start of `remediate/<cluster>/<node>`, one path for every
+detector; and which id a node's episode runs under (the upgrade path from ids without the cluster)."""
 
 from __future__ import annotations
 
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy
+from temporalio.service import RPCError, RPCStatusCode
 
 from activities import contracts as c
-from activities.contracts import remediation_workflow_id
+from activities.contracts import legacy_remediation_workflow_id, remediation_workflow_id
 from policies.findings import Finding, HealthReport
 from policies.model import Generation
 from workflows.node_remediation import NodeRemediation
@@ -42,6 +44,27 @@ class ReportTooLarge(ValueError):
     """A report over its bounds is refused before it is sent (the workflow would reject it too)."""
 
 
+async def _legacy_status(client: Client, workflow_id: str) -> WorkflowExecutionStatus | None:
+    """The status of the newest run under an id, None when there is none."""
+    try:
+        return (await client.get_workflow_handle(workflow_id).describe()).status
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            return None
+        raise
+
+
+async def episode_id(client: Client, node: str, cluster: str) -> str:
+    """The id a node's episode runs under: `remediate/<cluster>/<node>`, except where an episode
+    started before ids carried the cluster still runs under `remediate/<node>`. Reports and operator
+    commands go to it until it ends (a second episode beside it would act on the node twice); the
+    node's next spell starts under the new id."""
+    legacy = legacy_remediation_workflow_id(node)
+    if await _legacy_status(client, legacy) == WorkflowExecutionStatus.RUNNING:
+        return legacy
+    return remediation_workflow_id(node, cluster)
+
+
 async def send_report(
     client: Client,
     report: HealthReport | dict,
@@ -66,7 +89,7 @@ async def send_report(
         NodeRemediation.run,
         RemediationInput(node=node, cluster=cluster, generation=generation, guard_task_queue=task_queue,
                          history_limit=history_limit),
-        id=remediation_workflow_id(node),
+        id=await episode_id(client, node, cluster),
         task_queue=task_queue,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
         start_signal="report",
@@ -77,20 +100,23 @@ async def send_report(
     )
 
 
-async def start_admission(client: Client, *, node: str, hardware_ids: list[str],
+async def start_admission(client: Client, *, node: str, hardware_ids: list[str], cluster: str = "default",
                           task_queue: str = c.DEFAULT_TASK_QUEUE) -> bool:
-    """Start `admit/<node>` once per node; False when it already ran (or runs) for this node."""
+    """Start `admit/<cluster>/<node>` once per node; False when it already ran (or runs) for this
+    node, under that id or under `admit/<node>` from before ids carried the cluster."""
     from temporalio.common import WorkflowIDReusePolicy
     from temporalio.exceptions import WorkflowAlreadyStartedError
 
-    from activities.contracts import admission_workflow_id
+    from activities.contracts import admission_workflow_id, legacy_admission_workflow_id
     from workflows.node_admission import AdmissionInput, NodeAdmission
 
+    if await _legacy_status(client, legacy_admission_workflow_id(node)) is not None:
+        return False  # admitted (or being admitted) before the upgrade: once is enough
     try:
         await client.start_workflow(
             NodeAdmission.run,
             AdmissionInput(node=node, hardware_ids=hardware_ids),
-            id=admission_workflow_id(node), task_queue=task_queue,
+            id=admission_workflow_id(node, cluster), task_queue=task_queue,
             # A node is admitted once: an agent restart must not put a serving node back behind the taint.
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
             static_summary=f"Admission of new GPU node {node}",

@@ -12,6 +12,8 @@ import logging
 import sys
 from datetime import UTC, datetime
 
+from activities import contracts as c
+
 METRICS_HELP = "prometheus://HOST:PORT (an endpoint to scrape) or otlp://HOST:PORT (push over gRPC); default none"
 TRACING_HELP = "otlp://HOST:PORT (OTLP over HTTP), console (stderr), or none"  # kept in step with workers/cli.py
 
@@ -131,10 +133,10 @@ class JsonFormatter(logging.Formatter):
 
 
 def _node_from_workflow_id(workflow_id: str | None) -> str | None:
-    """remediate/<node> and admit/<node> name their node."""
-    if workflow_id and workflow_id.startswith(("remediate/", "admit/")):
-        return workflow_id.split("/", 1)[1]
-    return None
+    """remediate/<cluster>/<node> and admit/<cluster>/<node> (or, from before, without the cluster) name their node."""
+    if not workflow_id:
+        return None
+    return c.node_in_workflow_id(workflow_id, "remediate") or c.node_in_workflow_id(workflow_id, "admit")
 
 
 class ExpectedFailureOneLine(logging.Filter):

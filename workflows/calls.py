@@ -63,7 +63,7 @@ def cause(err: ActivityError | ApplicationError) -> str:
 
 
 def agent_gone(err: ActivityError) -> bool:
-    """The activity timed out waiting for a poller on node/<name>: the agent is gone, which says
+    """The activity timed out waiting for a poller on node/<cluster>/<node>: the agent is gone, which says
     nothing about the node's hardware."""
     inner = err.cause
     return isinstance(inner, ActivityTimeout) and inner.type == TimeoutType.SCHEDULE_TO_START

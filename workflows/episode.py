@@ -42,9 +42,9 @@ with workflow.unsafe.imports_passed_through():
 
 
 def node_of(workflow_id: str, fallback: str) -> str:
-    """The node an episode's id names: `remediate/<node>`."""
-    prefix = c.remediation_workflow_id("")
-    return workflow_id[len(prefix):] if workflow_id.startswith(prefix) and len(workflow_id) > len(prefix) else fallback
+    """The node an episode's id names: `remediate/<cluster>/<node>` (or, started before ids carried
+    the cluster, `remediate/<node>`: the same node, so old histories replay unchanged)."""
+    return c.node_in_workflow_id(workflow_id, "remediate") or fallback
 
 
 class Episode:
@@ -136,7 +136,7 @@ class Episode:
                           task_queue=self._node_queue(), schedule_to_start=self.policy.validation.agent_timeout)
 
     def _node_queue(self) -> str:
-        return c.node_task_queue(self.node)
+        return c.agent_queue_of(workflow.info().workflow_id, "remediate", self.node)
 
     # --- the record -----------------------------------------------------------------------------
     def _begin_run(self) -> None:

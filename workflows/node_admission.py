@@ -1,4 +1,4 @@
-"""NodeAdmission, id `admit/<node>`: a new node stays tainted until its hardware passes twice."""
+"""NodeAdmission, id `admit/<cluster>/<node>`: a new node stays tainted until its hardware passes twice."""
 
 from __future__ import annotations
 
@@ -26,7 +26,11 @@ with workflow.unsafe.imports_passed_through():
         LeaseRelease,
         LeaseRequest,
     )
-    from workflows.remediation_types import PATCH_NODE_PROFILES, ActionRecord, Outcome
+    from workflows.remediation_types import (
+        PATCH_NODE_PROFILES,
+        ActionRecord,
+        Outcome,
+    )
     from workflows.validation import PATCH_LOAD_VALIDATION, validate_twice
 
 # workflow.patched id: the node is the workflow id's and must exist and be ours, its hardware ids come
@@ -96,9 +100,8 @@ class NodeAdmission:
             snap = await take_controller_policy(inp.node)
             trusted = {"policy": snap.policy, "expected_gpus": None}
             if trusted_admission:
-                prefix = c.admission_workflow_id("")
-                wid = workflow.info().workflow_id
-                trusted |= {"node": wid[len(prefix):] if wid.startswith(prefix) else inp.node, "hardware_ids": []}
+                trusted |= {"node": c.node_in_workflow_id(workflow.info().workflow_id, "admit") or inp.node,
+                            "hardware_ids": []}
                 cluster = snap.cluster or "default"
             ignored = ignored_fields(inp, trusted)
             inp = self.inp = inp.model_copy(update=trusted)
@@ -107,6 +110,11 @@ class NodeAdmission:
             # Observe mode never cordons: the node is validated and its baseline recorded, untainted.
             inp = self.inp = inp.model_copy(update={"policy": inp.policy.model_copy(update={"dry_run": True})})
         if trusted_admission:
+            named = c.cluster_in_workflow_id(workflow.info().workflow_id, "admit")
+            if named is not None and named != (cluster or "default"):
+                # A second admission of the node beside its real one; legacy ids name no cluster.
+                return self._result(Outcome.REJECTED, f"rejected: the admission id names cluster {named}, the "
+                                    f"controller serves {cluster or 'default'}", 0)
             return await self._admit(inp, cluster or "default", profiles, load)
         await self._step(c.KUBE_QUARANTINE, c.QuarantineRequest(
             node=inp.node, fault_class="unvalidated", reason="new node: validation pending",
@@ -125,7 +133,8 @@ class NodeAdmission:
                 f"replace {inp.node}: {reason}", c.ReplaceResult)
             return self._result(Outcome.DENIED_ADMISSION, reason, 0)
         passed = await validate_twice(inp.node, inp.policy.validation, inp.expected_gpus, self._record,
-                                      inp.policy.dry_run, tiers=("admission", "repair") if load else (None, None))
+                                      inp.policy.dry_run, tiers=("admission", "repair") if load else (None, None),
+                                      queue=self._node_queue(inp.node))
         if passed < 2:
             return self._result(Outcome.QUARANTINED, f"validation {passed + 1} of 2 failed: node stays tainted", passed)
         if profiles:
@@ -145,7 +154,7 @@ class NodeAdmission:
         summary = f"read {node}'s hardware ids from its own agent"
         try:
             hw = await call(c.NODE_HARDWARE_IDS, c.HardwareIdsRequest(node=node), c.HardwareIdsResult, summary=summary,
-                            timeout=timedelta(minutes=1), attempts=3, task_queue=c.node_task_queue(node),
+                            timeout=timedelta(minutes=1), attempts=3, task_queue=self._node_queue(node),
                             schedule_to_start=p.validation.agent_timeout)
         except ActivityError as err:
             self._record(c.NODE_HARDWARE_IDS, summary, False, cause(err))
@@ -179,7 +188,8 @@ class NodeAdmission:
                     holder=workflow.info().workflow_id, node=node, outcome="replaced"))
             return self._result(Outcome.DENIED_ADMISSION, reason, 0)
         passed = await validate_twice(node, p.validation, inp.expected_gpus, self._record, p.dry_run,
-                                      tiers=("admission", "repair") if load else (None, None))
+                                      tiers=("admission", "repair") if load else (None, None),
+                                      queue=self._node_queue(node))
         if passed < 2:
             return self._result(Outcome.QUARANTINED, f"validation {passed + 1} of 2 failed: node stays tainted", passed)
         if profiles:
@@ -226,6 +236,9 @@ class NodeAdmission:
                                                         signal=signal, payload=arg.model_dump(mode="json")),
                    summary=f"{signal} to fleet guard", timeout=timedelta(seconds=30), max_interval=timedelta(seconds=10))
 
+    def _node_queue(self, node: str) -> str:
+        return c.agent_queue_of(workflow.info().workflow_id, "admit", node)
+
     async def _record_baseline(self, inp: AdmissionInput) -> None:
         """What the node has now, having passed twice, is its baseline: fewer or slower links later
         are findings even where no profile names a number. Best effort: admission does not hang on it."""
@@ -233,7 +246,7 @@ class NodeAdmission:
         try:
             inv = await call(c.NODE_INVENTORY, c.InventoryRequest(node=inp.node), c.InventoryResult,
                              summary=f"inventory of {inp.node}", timeout=timedelta(minutes=2), attempts=3,
-                             task_queue=c.node_task_queue(inp.node), schedule_to_start=inp.policy.validation.agent_timeout)
+                             task_queue=self._node_queue(inp.node), schedule_to_start=inp.policy.validation.agent_timeout)
             if inv.inventory is None or inv.findings:
                 why = ", ".join(f.label() for f in inv.findings) or "a probe could not read it"
                 return self._record("baseline", summary, False, f"not recorded: {why}")

@@ -1,4 +1,4 @@
-"""NodeProfile, id `profile/<node>`: how an agent learns its node's expectations from the controller.
+"""NodeProfile, id `profile/<cluster>/<node>`: how an agent learns its node's expectations from the controller.
 
 The agent has no Kubernetes credentials; the controller reads the node's labels (its profile) and
 its baseline annotation, records a learned baseline for a node that has none, and answers. A short

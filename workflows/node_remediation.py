@@ -1,4 +1,4 @@
-"""NodeRemediation, id `remediate/<node>`: one unhealthy spell of one node, walked up the ladder."""
+"""NodeRemediation, id `remediate/<cluster>/<node>`: one unhealthy spell of one node, walked up the ladder."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
     def __init__(self, inp: RemediationInput) -> None:
         self.inp = inp
         self.policy = inp.policy
-        # The node is the one the workflow id names (`remediate/<node>`), never what the start input says.
+        # The node is the one the workflow id names (`remediate/<cluster>/<node>`), never what the start input says.
         self.node = node_of(workflow.info().workflow_id, inp.node) if self._identity() else inp.node
         # Only a run this workflow continued carries state: a first run's input comes from whoever
         # sent the first report, and is never trusted with the episode's state.
@@ -237,6 +237,16 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
         await self._close_episode()
         return self._result()
 
+    def _id_names_another_cluster(self) -> str | None:
+        """`remediate/<cluster>/<node>` must name the controller's cluster: a sender naming another
+        would start a second episode for the node beside its real one. An id from before ids carried
+        the cluster names none, so no recorded history reaches the refusal (no patch needed)."""
+        named = c.cluster_in_workflow_id(workflow.info().workflow_id, "remediate")
+        if named is None or not self._identity() or named == self.inp.cluster:
+            return None
+        return (f"the episode id names cluster {named}, the controller serves {self.inp.cluster}: a report "
+                f"for {self.node} goes to {c.remediation_workflow_id(self.node, self.inp.cluster)}")
+
     async def _take_controller_policy(self) -> None:
         """The controller's policy, once per episode (a continued run carries it): the sender's
         policy, GPU count and guard queue in the start input are ignored, and the history says so."""
@@ -267,6 +277,8 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
 
     async def _triage(self) -> None:
         report = self.s.latest
+        if (why := self._id_names_another_cluster()) is not None:
+            return self._finish(Outcome.REJECTED, f"rejected: {why}")
         if self._no_harm() and not await self._node_is_ours():
             return
         if self._holds() and await self._held_for_a_person():

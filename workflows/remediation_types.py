@@ -162,7 +162,7 @@ class RemediationState(BaseModel):
     hardware_ids: list[str] = Field(default_factory=list)
     implicated: list[str] = Field(default_factory=list, description="Hardware ids a probe on the node named: the denylist's only source.")
     seen_events: list[str] = Field(default_factory=list, description="Event ids already heard (re-sends are no recurrence).")
-    agent_missing: bool = Field(default=False, description="A node-local step found no agent polling node/<name>.")
+    agent_missing: bool = Field(default=False, description="A node-local step found no agent polling node/<cluster>/<node>.")
     drain_left: list[str] = Field(default_factory=list, description="Pods the drain could not move (timed out, escalated).")
     run_ids: list[str] = Field(default_factory=list)
     policy_name: str = Field(default="", description="The controller's policy this episode acts on ('' before controller-policy).")

@@ -204,12 +204,12 @@ class RungActions(GuardClient):
             if not self.s.quarantined:
                 # Kill-only (application) episodes never took the node out: one validation suffices.
                 ok = await validate_once(self.node, self.policy.validation, self.inp.expected_gpus, "after kill",
-                                         self._record, self.policy.dry_run, strict)
+                                         self._record, self.policy.dry_run, strict, queue=self._node_queue())
                 self.s.validations += int(ok)
                 return ok
             tiers = ("quick", "repair") if workflow.patched(PATCH_LOAD_VALIDATION) else (None, None)
             passed = await validate_twice(self.node, self.policy.validation, self.inp.expected_gpus, self._record,
-                                          self.policy.dry_run, strict, tiers)
+                                          self.policy.dry_run, strict, tiers, queue=self._node_queue())
         except AgentMissing:
             self.s.agent_missing = True
             return False

@@ -32,7 +32,7 @@ class SuspectCheck:
         found: list[Finding] = []
         ok = await validate_once(self.node, self.policy.validation, self.inp.expected_gpus,
                                  f"suspect: {SUSPECT_TIER} load test before any remedy", self._record,
-                                 self.policy.dry_run, self._no_harm(), SUSPECT_TIER, found)
+                                 self.policy.dry_run, self._no_harm(), SUSPECT_TIER, found, queue=self._node_queue())
         if not ok:
             # The GPUs the load test named are what a replacement may denylist.
             named = {i for f in found for i in (f.uuid, f.serial) if i}

@@ -27,7 +27,7 @@ class AgentMissing(Exception):
 
 async def validate_once(node: str, policy: ValidationPolicy, expected_gpus: int | None, label: str,
                         record: Recorder, dry_run: bool = False, strict_agent: bool = False,
-                        tier: str | None = None, found: list | None = None) -> bool:
+                        tier: str | None = None, found: list | None = None, *, queue: str) -> bool:
     """Whether the node passed; with `strict_agent`, an agent that never picked the run up raises
     AgentMissing instead of counting as a failed validation. With a `tier` (PATCH_LOAD_VALIDATION)
     the node is load-tested, judged against its SKU's fleet figures, and the figures are ledgered;
@@ -52,10 +52,10 @@ async def validate_once(node: str, policy: ValidationPolicy, expected_gpus: int 
             c.ValidateRequest(node=node, dcgm_level=policy.dcgm_level, dcgm_required=policy.dcgm_required,
                               expected_gpus=expected_gpus, dry_run=dry_run, **extra),
             c.ValidationResult, summary=summary, timeout=timeout, attempts=2,
-            task_queue=c.node_task_queue(node), schedule_to_start=policy.agent_timeout)
+            task_queue=queue, schedule_to_start=policy.agent_timeout)
     except ActivityError as err:
         if strict_agent and agent_gone(err):
-            record("validate", summary, False, f"agent_missing: no agent polled {c.node_task_queue(node)} "
+            record("validate", summary, False, f"agent_missing: no agent polled {queue} "
                                                f"within {policy.agent_timeout}")
             raise AgentMissing(node) from None
         record("validate", summary, False, f"could not run: {err.cause or err}")
@@ -84,13 +84,15 @@ async def validate_once(node: str, policy: ValidationPolicy, expected_gpus: int 
 
 async def validate_twice(node: str, policy: ValidationPolicy, expected_gpus: int | None, record: Recorder,
                          dry_run: bool = False, strict_agent: bool = False,
-                         tiers: tuple[str, str] | tuple[None, None] = (None, None)) -> int:
+                         tiers: tuple[str, str] | tuple[None, None] = (None, None), *, queue: str) -> int:
     """Returns how many validations passed: 2 means the node may take work. `tiers`: the load-test
     tier of each (quick then repair after a rung, admission then repair for a new node)."""
-    if not await validate_once(node, policy, expected_gpus, "1 of 2", record, dry_run, strict_agent, tiers[0]):
+    if not await validate_once(node, policy, expected_gpus, "1 of 2", record, dry_run, strict_agent, tiers[0],
+                               queue=queue):
         return 0
     await workflow.sleep(max(policy.soak, timedelta(milliseconds=1)),
                          summary=f"soak {node} before the second validation")
-    if not await validate_once(node, policy, expected_gpus, "2 of 2", record, dry_run, strict_agent, tiers[1]):
+    if not await validate_once(node, policy, expected_gpus, "2 of 2", record, dry_run, strict_agent, tiers[1],
+                               queue=queue):
         return 1
     return 2

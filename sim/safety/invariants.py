@@ -117,7 +117,7 @@ def check_limits(w: SafetyWorld) -> list[Violation]:
     for e in w.log:
         if e.kind == "force":
             forced = True
-        holder_of = e.detail.get("holder", "").removeprefix("remediate/")
+        holder_of = c.node_in_workflow_id(e.detail.get("holder", ""), "remediate")
         if e.kind in (c.KUBE_RETURN_TO_SERVICE, "ended") or (e.kind == "guard.release" and holder_of == e.node):
             disrupted.discard(e.node)
         if e.kind == c.KUBE_RETURN_TO_SERVICE and not e.dry or e.kind == "ended" and e.detail["outcome"] == "replaced":
@@ -166,7 +166,7 @@ def check_scope(w: SafetyWorld) -> list[Violation]:
     for e in w.log:
         if e.kind in SIDE_EFFECTS and e.node not in ours and _by_episode(e):
             out.append(("not-ours", f"{e}: {e.node} is not a GPU node of cluster {w.cluster}"))
-        if e.kind in SIDE_EFFECTS and e.wf.startswith("remediate/") and e.wf != c.remediation_workflow_id(e.node):
+        if e.kind in SIDE_EFFECTS and e.wf.startswith("remediate/") and e.wf != c.remediation_workflow_id(e.node, w.cluster):
             out.append(("sender-chose", f"{e}: episode {e.wf} acted on {e.node}"))
         if e.kind.startswith("guard.") and e.detail.get("cluster") != w.cluster:
             out.append(("sender-chose", f"{e}: an episode of cluster {w.cluster} used guard {e.detail.get('cluster')}"))
@@ -195,7 +195,7 @@ def check_endings(w: SafetyWorld) -> list[Violation]:
     for obs in (e for e in w.log if e.kind in ("probe", "final")):
         rows, guard = obs.detail["episodes"], obs.detail["guard"]
         for holder in guard.get("holders", []):
-            row = rows.get(holder.removeprefix("remediate/"))
+            row = rows.get(c.node_in_workflow_id(holder, "remediate") or holder)
             if row is None or row["status"] != "RUNNING":
                 out.append(("lease", f"{obs.kind} #{obs.n}: {holder} holds a lease but its episode has ended"))
             elif row.get("awaiting"):

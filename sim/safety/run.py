@@ -99,8 +99,10 @@ async def _pending(env: WorkflowEnvironment, w: SafetyWorld) -> list[str]:
 
     names = [*w.nodes, w.sched.ghost]
     ids = [driver_id(w.sched.seed), guard_workflow_id(w.cluster), guard_workflow_id(f"other-{w.sched.seed}"),
-           *(remediation_workflow_id(n) for n in names), *(remediation_workflow_id(f"not-{n}") for n in names),
-           *(admission_workflow_id(n) for n in names)]
+           *(remediation_workflow_id(n, w.cluster) for n in names),
+           *(remediation_workflow_id(f"not-{n}", w.cluster) for n in names),
+           *(remediation_workflow_id(n, f"other-{w.sched.seed}") for n in names),
+           *(admission_workflow_id(n, w.cluster) for n in names)]
     out = []
     for wid in ids:
         try:

@@ -92,7 +92,7 @@ async def _controller_restart(w, step, n) -> None:
 
 
 def _episode(w, node: str):
-    return w.client.get_workflow_handle(c.remediation_workflow_id(node))
+    return w.client.get_workflow_handle(c.remediation_workflow_id(node, w.cluster))
 
 
 async def _update(w, node: str, name: str, *args) -> None:
@@ -155,7 +155,7 @@ async def _spoof_cluster(w, step, n):
 
 
 async def _spoof_id(w, step, n):
-    wid = c.remediation_workflow_id(f"not-{n.name}")
+    wid = c.remediation_workflow_id(f"not-{n.name}", w.cluster)
     w.note("spoof", n.name, what=f"episode id {wid}", cluster=f"other-{w.sched.seed}")
     await w.client.start_workflow(
         NodeRemediation.run, RemediationInput(node=n.name, cluster=f"other-{w.sched.seed}", guard_task_queue=w.task_queue),
@@ -193,7 +193,7 @@ async def _spoof_history(w, step, n):
 async def _spoof_admission(w, step, n):
     w.note("spoof", n.name, what="admission with denylisted ids")
     await w.client.start_workflow(
-        NodeAdmission.run, AdmissionInput(node=n.name, hardware_ids=[OLD_DENIED]), id=c.admission_workflow_id(n.name),
+        NodeAdmission.run, AdmissionInput(node=n.name, hardware_ids=[OLD_DENIED]), id=c.admission_workflow_id(n.name, w.cluster),
         task_queue=w.task_queue, id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE)
 
 
@@ -219,7 +219,7 @@ async def _condition_clear(w, step, n):
 
 async def _late_grant(w, step, n):
     w.note("late_grant", n.name)
-    holder = c.remediation_workflow_id(n.name)
+    holder = c.remediation_workflow_id(n.name, w.cluster)
     await _episode(w, n.name).signal(HOLDER_SIGNAL_GRANTED, LeaseGrant(holder=holder, granted_at=datetime.now(UTC)))
 
 
@@ -245,7 +245,8 @@ async def _join(w, step, n):
     w.note("join", new.name)
     from workers.reporting import start_admission
 
-    await start_admission(w.client, node=new.name, hardware_ids=new.report().hardware_ids(), task_queue=w.task_queue)
+    await start_admission(w.client, node=new.name, hardware_ids=new.report().hardware_ids(), cluster=w.cluster,
+                          task_queue=w.task_queue)
 
 
 async def _probe(w, step, n):

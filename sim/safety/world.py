@@ -300,7 +300,7 @@ class SafetyWorld(FakeFleet):
         """What every episode and the guard say now (status queries), recorded for the invariants."""
         seen: dict[str, Any] = {}
         for name in [s.name for s in self.sched.nodes] + [self.sched.joiner]:
-            h = self.client.get_workflow_handle(c.remediation_workflow_id(name))
+            h = self.client.get_workflow_handle(c.remediation_workflow_id(name, self.cluster))
             try:
                 desc = await h.describe()
             except Exception:  # noqa: BLE001 - no episode ever ran for this node
@@ -342,7 +342,7 @@ class SafetyWorld(FakeFleet):
         n = self.nodes[name]
         n.agent = True
         if name not in self.agents:
-            self.agents[name] = self._worker(c.node_task_queue(name), False)
+            self.agents[name] = self._worker(c.node_task_queue(name, self.cluster), False)
 
     async def stop_controller(self) -> None:
         w, self.controller = self.controller, None

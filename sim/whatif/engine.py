@@ -33,7 +33,7 @@ from policies.loader import load_policy
 from policies.model import Policy
 from sim.whatif.clock import ClockEvent, ClockInput, WhatIfClock, clock_workflow_id
 from sim.whatif.faultmodel import FaultDraw, FaultModel, draw_faults
-from sim.whatif.fleet import WhatIfFleet
+from sim.whatif.fleet import WHATIF_CLUSTER, WhatIfFleet
 from sim.whatif.jobs import JobOutcome, simulate_jobs
 from sim.whatif.outages import fleet_outages
 from sim.whatif.workload import WorkloadModel
@@ -44,7 +44,12 @@ from workflows.node_remediation import NodeRemediation
 
 BUILTIN_POLICIES = Path(__file__).resolve().parent / "policies"
 TASK_QUEUE = "whatif"
-STALL_S = 300.0  # wall seconds one virtual day may take before the run is called stuck
+STALL_S = 150.0  # wall seconds one virtual day may take before the run is called stuck
+CLOCK_RESTARTS = 2  # a stuck run starts again, same seed, on a fresh server, at most this often
+
+
+class ClockStalled(RuntimeError):
+    """The time-skipping server stopped moving (sim/whatif/clock.off_grid): its own fault, not the policy's."""
 
 
 class WhatIfError(RuntimeError):
@@ -92,6 +97,7 @@ class PolicyOutcome(BaseModel):
     availability_by_hour: list[float] = Field(default_factory=list)
     events_per_episode: float | None = None
     wall_s: float = 0.0
+    clock_restarts: int = Field(default=0, description="Runs started again after the test server's clock stopped.")
     mttr_h: float | None = Field(default=None, description="Mean time from a fault to its slot back in service, hours.")
     failed_again_7d: int = Field(default=0, description="Repaired nodes with another platform episode within 7 days.")
     failed_again_30d: int = 0
@@ -166,8 +172,26 @@ async def simulate_policy(model: FaultModel, policy_arg: str, nodes: int, days: 
                           progress=None, count_events: bool = False, workloads: list[WorkloadModel] = (),
                           faults: list[FaultDraw] | None = None, on_result=None) -> PolicyOutcome:
     """One policy against the model's faults (or `faults`, a ledger's replayed) on a fresh time-skipping server.
-    `on_result(outcome)` hears the figures before the workers and the server are stopped."""
+    `on_result(outcome)` hears the figures before the workers and the server are stopped. A run whose
+    server clock stops is run again from the start: one seed gives one set of figures, so a restart
+    changes nothing but the wall time, and the outcome says how many it took."""
     started = time.monotonic()
+    for restart in range(CLOCK_RESTARTS + 1):
+        try:
+            return await _simulate_once(model, policy_arg, nodes, days, seed, progress, count_events, workloads,
+                                        faults, on_result, started, restart)
+        except ClockStalled as err:
+            if restart == CLOCK_RESTARTS:
+                raise WhatIfError(f"{err}; started again {CLOCK_RESTARTS} times, stopped each time: "
+                                  "run again with another --seed") from None
+            print(f"whatif {policy_arg}: {err}; starting again on a fresh server (same seed, same figures)",
+                  file=sys.stderr, flush=True)
+    raise AssertionError("unreachable")
+
+
+async def _simulate_once(model: FaultModel, policy_arg: str, nodes: int, days: float, seed: int, progress,
+                         count_events: bool, workloads, faults, on_result, started: float,
+                         restart: int) -> PolicyOutcome:
     label, policy = resolve_policy(policy_arg)
     env = await WorkflowEnvironment.start_time_skipping(
         test_server_existing_path=binary("temporal-test-server"), data_converter=pydantic_data_converter,
@@ -198,15 +222,16 @@ async def simulate_policy(model: FaultModel, policy_arg: str, nodes: int, days: 
                 try:
                     await asyncio.wait_for(sleep, STALL_S)
                 except TimeoutError:
-                    raise WhatIfError(
+                    raise ClockStalled(
                         f"the test server's clock stopped at day {(now - t0).total_seconds() / 86400:.2f} for "
                         f"{STALL_S:.0f} s: a workflow no longer gets tasks (a timer and a signal at one "
-                        "instant; see sim/whatif/clock.off_grid); run again with another --seed") from None
+                        "instant; see sim/whatif/clock.off_grid)") from None
             await handle.result()
             out = summarize(fleet, label, days, list(workloads))
             if count_events:
                 out.events_per_episode = await _events_per_episode(env, fleet)
             out.wall_s = round(time.monotonic() - started, 1)
+            out.clock_restarts = restart
             if on_result:
                 on_result(out)
             await fleet.stop_workers()
@@ -219,7 +244,7 @@ async def _events_per_episode(env: WorkflowEnvironment, fleet: WhatIfFleet) -> f
     """History events of each node's last episode run (a continued run counts from its start)."""
     lengths = []
     for name in sorted(fleet.episode_names):
-        desc = await env.client.get_workflow_handle(remediation_workflow_id(name)).describe()
+        desc = await env.client.get_workflow_handle(remediation_workflow_id(name, WHATIF_CLUSTER)).describe()
         lengths.append(desc.raw_description.workflow_execution_info.history_length)
     return round(sum(lengths) / len(lengths), 1) if lengths else None
 

@@ -31,6 +31,7 @@ from sim.whatif.faultmodel import GRID_S, NODE_WIDE, FaultDraw, FaultModel
 from workers.reporting import send_report, start_admission
 
 GPUS = 8
+WHATIF_CLUSTER = "whatif"  # the stand-in fleet's cluster: its guard and its episodes' ids
 
 
 @dataclass
@@ -192,7 +193,7 @@ class WhatIfFleet:
             self.open_episodes.add(node.name)
             self.episode_names.add(node.name)
         await send_report(self.client, report, node=node.name, generation=Generation.HOPPER,
-                          cluster="whatif", task_queue=self.task_queue)
+                          cluster=WHATIF_CLUSTER, task_queue=self.task_queue)
 
     async def _join(self, slot: Slot, name: str) -> None:
         """A new node is Ready in the slot: tainted until NodeAdmission validates it twice."""
@@ -203,7 +204,7 @@ class WhatIfFleet:
         await self._ensure_worker(name)
         await start_admission(self.client, node=name, hardware_ids=HealthReport(
             node=name, boot_id="b", seq=0, gpus=node.ids(), instance_host_id=f"h-{name}").hardware_ids(),
-            task_queue=self.task_queue)
+            cluster=WHATIF_CLUSTER, task_queue=self.task_queue)
 
     # --- kube -----------------------------------------------------------------------------------
     @activity.defn(name=c.KUBE_QUARANTINE)
@@ -284,7 +285,7 @@ class WhatIfFleet:
                                             slot=n.slot, node=f"n{n.slot:04d}-r{slot.replacements}"))
         return c.ReplaceResult(instance_id=f"i-{n.name}", action="ec2")
 
-    # --- node-local (served on node/<name>, as each node's agent would) --------------------------
+    # --- node-local (served on node/<cluster>/<node>, as each node's agent would) --------------------------
     @activity.defn(name=c.NODE_KILL)
     async def kill(self, req: c.KillRequest) -> c.KillResult:
         n, now = self._node(req), await self.now()
@@ -393,14 +394,14 @@ class WhatIfFleet:
                 guard.running_episodes]
 
     def node_activities(self) -> list:
-        """What each node's agent serves on node/<name>."""
+        """What each node's agent serves on node/<cluster>/<node>."""
         return [self.kill, self.reset, self.gpu_pods, self.validate, self.inventory, self.hardware_ids]
 
     async def _ensure_worker(self, node: str) -> None:
         """What the node's agent serves, started when the node first needs it."""
         if node in self._workers:
             return
-        w = Worker(self.client, task_queue=c.node_task_queue(node), max_concurrent_activity_task_polls=1,
+        w = Worker(self.client, task_queue=c.node_task_queue(node, WHATIF_CLUSTER), max_concurrent_activity_task_polls=1,
                    activities=self.node_activities())
         self._workers[node] = (w, asyncio.create_task(w.run()))
 

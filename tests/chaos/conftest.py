@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from temporalio.client import WorkflowExecutionStatus
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
@@ -23,9 +24,7 @@ from sim.fleet import SimulatedFleet
 from sim.scenario import load_scenario
 from tests.net import free_port
 from workers.embedded_temporal import binary, search_attribute_flags
-from workflows.remediation_types import (
-    RemediationResult,
-)
+from workflows.remediation_types import Outcome, RemediationResult
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -74,8 +73,24 @@ def scenario(text: str):
     return load_scenario(text=text)
 
 
-async def outcome(client, node: str) -> RemediationResult:
-    return await client.get_workflow_handle(remediation_workflow_id(node), result_type=RemediationResult).result()
+async def outcome(client, node: str, cluster: str) -> RemediationResult:
+    """The node's remediation: its first episode that was not refused. A report its replaced host
+    sent late (an agent's retry that outlived the replacement) starts another run, which must be
+    refused or find nothing to do, and no other run may act."""
+    wid = remediation_workflow_id(node, cluster)
+    await client.get_workflow_handle(wid).result()  # the latest run has ended
+    runs = []
+    for _ in range(100):  # visibility lags the histories by about a second
+        runs = [w async for w in client.list_workflows(f'WorkflowId = "{wid}"')]
+        if runs and all(w.status != WorkflowExecutionStatus.RUNNING for w in runs):
+            break
+        await asyncio.sleep(0.1)
+    runs.sort(key=lambda w: w.start_time)
+    results = [await client.get_workflow_handle(wid, run_id=w.run_id, result_type=RemediationResult).result()
+               for w in runs if w.status == WorkflowExecutionStatus.COMPLETED]
+    acted = [r for r in results if r.outcome is not Outcome.REJECTED and (r.fault_class or r.rungs)]
+    assert len(acted) == 1, f"{node}: {len(acted)} episodes acted: {[(r.outcome, r.rungs) for r in results]}"
+    return acted[0]
 
 
 class ControllerProcess:
@@ -86,7 +101,7 @@ class ControllerProcess:
         policy = tmp / "policy.yaml"
         policy.write_text(policy_yaml(fleet.policy))
         self.cmd = [sys.executable, "-m", "workers.cli", "controller", "--temporal", address, "--kubeconfig",
-                    fleet.kubeconfig, "--ledger", str(tmp / "ledger.db"), "--task-queue", fleet.task_queue,
+                    fleet.kubeconfig, "--ledger", str(tmp / "ledger.db"), "--task-queue", fleet.task_queue, "--cluster", fleet.cluster,
                     "--policy", str(policy)]
         self.env = {**os.environ, "AWS_ENDPOINT_URL": aws_url, "AWS_ACCESS_KEY_ID": "sim",
                     "AWS_SECRET_ACCESS_KEY": "sim", "AWS_DEFAULT_REGION": "us-east-1"}

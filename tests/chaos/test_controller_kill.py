@@ -60,7 +60,7 @@ async def test_sigkill_at_every_step_of_the_ladder(server, aws_proxy, moto_url, 
             task.cancel()
             ctl.stop()
         assert killed == [s for s, _ in steps]
-        ra, rb = await outcome(server.client, a.name), await outcome(server.client, b.name)
+        ra, rb = await outcome(server.client, a.name, fleet.cluster), await outcome(server.client, b.name, fleet.cluster)
     assert (ra.outcome, [r.value for r in ra.rungs]) == ("returned", ["reset", "reboot"]), ra
     assert (rb.outcome, [r.value for r in rb.rungs]) == ("replaced", ["reset", "reboot", "replace"]), rb
     assert aws_proxy.count("RebootInstances", a.iid) == 1, "node 0 rebooted twice"

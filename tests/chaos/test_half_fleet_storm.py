@@ -8,7 +8,7 @@ import contextlib
 
 import pytest
 
-from activities.contracts import guard_workflow_id, remediation_workflow_id
+from activities.contracts import guard_workflow_id
 from sim.fleet import SimulatedFleet
 from tests.chaos.conftest import outcome, scenario
 from workflows.fleet_guard import FleetGuard
@@ -53,14 +53,14 @@ async def test_half_the_fleet_at_once_stays_within_budget(server, moto_url, aws)
         held = 0
         for n in faulty:
             with contextlib.suppress(Exception):  # not started yet, or finishing
-                held += (await fl.temporal.get_workflow_handle(remediation_workflow_id(n)).query(
+                held += (await fl.temporal.get_workflow_handle(fl.episode_id(n)).query(
                     NodeRemediation.status)).lease_held
         seen["max"] = max(seen["max"], held)
 
     async with fleet.running(moto_url):
         await fleet.play(deadline_s=240, on_tick=sample)
         guard = await server.client.get_workflow_handle(guard_workflow_id("chaos-storm")).query(FleetGuard.status)
-        results = {n: await outcome(server.client, n) for n in faulty}
+        results = {n: await outcome(server.client, n, fleet.cluster) for n in faulty}
         evictions = list(fleet.kube.evictions)
     assert all(r.outcome == "returned" for r in results.values()), {n: r.outcome for n, r in results.items()}
     assert 1 <= guard.max_seen_holders <= 2 and seen["max"] <= 2, (guard.max_seen_holders, seen)

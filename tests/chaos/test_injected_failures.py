@@ -8,7 +8,6 @@ from datetime import timedelta
 
 import pytest
 
-from activities.contracts import remediation_workflow_id
 from sim.fleet import SimulatedFleet
 from tests.chaos.conftest import outcome, scenario
 from workflows.node_remediation import NodeRemediation
@@ -45,9 +44,9 @@ async def test_every_episode_completes_with_30_percent_of_calls_failing(server, 
         fleet.kube.inject("*", r"^/api", status=None, latency_s=0.5, rate=0.08)
         await fleet.play(deadline_s=240)
         kube_requests = len(fleet.kube.requests)
-        results = {n: await outcome(server.client, n) for n in EXPECTED}
+        results = {n: await outcome(server.client, n, fleet.cluster) for n in EXPECTED}
         steps = {n: [f"{a.step} {'ok' if a.ok else 'FAILED'} {a.detail}"[:160] for a in (await server.client.get_workflow_handle(
-            remediation_workflow_id(n)).query(NodeRemediation.status)).actions] for n in EXPECTED}
+            fleet.episode_id(n)).query(NodeRemediation.status)).actions] for n in EXPECTED}
     assert kube_requests >= 30
     got = {n: (r.outcome, [x.value for x in r.rungs]) for n, r in results.items()}
     assert got == EXPECTED, "\n".join(f"{n}: " + "\n  ".join(steps[n]) for n in EXPECTED if got[n] != EXPECTED[n])

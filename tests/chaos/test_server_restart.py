@@ -42,7 +42,7 @@ async def test_server_restart_mid_remediation(server, moto_url, aws):
         await fleet.play(deadline_s=240)
         await asyncio.wait_for(task, 30)
         assert outage == {"down": True, "up": True}
-        results = {n: await outcome(server.client, n) for n in ("gpu-node-0", "gpu-node-1")}
+        results = {n: await outcome(server.client, n, fleet.cluster) for n in ("gpu-node-0", "gpu-node-1")}
     assert (results["gpu-node-0"].outcome, [r.value for r in results["gpu-node-0"].rungs]) == ("returned", ["reboot"])
     assert (results["gpu-node-1"].outcome, [r.value for r in results["gpu-node-1"].rungs]) == ("returned", ["reset"])
     assert results["gpu-node-0"].validations == 2 and results["gpu-node-1"].validations == 2

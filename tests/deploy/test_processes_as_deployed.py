@@ -138,7 +138,7 @@ async def test_controller_and_agent_as_deployed_complete_a_remediation(dev_env, 
             logs[name] = (tmp_path / f"{name}.log").open("w")
             procs.append(subprocess.Popen([sys.executable, "-m", "workers.cli", *args], cwd=ROOT, env=env,
                                           stdout=logs[name], stderr=subprocess.STDOUT))
-        handle = dev_env.client.get_workflow_handle(remediation_workflow_id(node), result_type=RemediationResult)
+        handle = dev_env.client.get_workflow_handle(remediation_workflow_id(node, "default"), result_type=RemediationResult)
 
         async def awaiting_replace() -> bool:
             try:

@@ -16,8 +16,8 @@ from workflows.remediation_types import (
 )
 
 
-async def result_of(client, node: str) -> RemediationResult:
-    return await client.get_workflow_handle(remediation_workflow_id(node), result_type=RemediationResult).result()
+async def result_of(client, node: str, cluster: str) -> RemediationResult:
+    return await client.get_workflow_handle(remediation_workflow_id(node, cluster), result_type=RemediationResult).result()
 
 
 @pytest.mark.timeout(240)
@@ -38,7 +38,7 @@ faults:
     fleet = SimulatedFleet(sc, policy, dev_env.client, task_queue=f"harm-{uniq}", cluster=f"harm-{uniq}")
     async with fleet.running(moto_url):
         await fleet.play(deadline_s=200)
-        results = {n: await result_of(dev_env.client, n) for n in ("gpu-node-0", "gpu-node-1", "gpu-node-2")}
+        results = {n: await result_of(dev_env.client, n, fleet.cluster) for n in ("gpu-node-0", "gpu-node-1", "gpu-node-2")}
         resends = {n: fleet.hosts[n].agent.signals for n in results}
         cordoned = [n for n in results if fleet.kube.get("Node", "", n)["spec"].get("unschedulable")]
     for node, r in results.items():
@@ -66,7 +66,7 @@ faults:
         if host is not None:
             return
         with contextlib.suppress(Exception):  # the episode may not have started yet
-            status = await fl.temporal.get_workflow_handle(remediation_workflow_id("gpu-node-1")).query(
+            status = await fl.temporal.get_workflow_handle(fl.episode_id("gpu-node-1")).query(
                 NodeRemediation.status)
             if status.quarantined:
                 host = fl.hosts["gpu-node-1"]
@@ -74,7 +74,7 @@ faults:
 
     async with fleet.running(moto_url):
         await fleet.play(deadline_s=200, on_tick=kill_agent_after_cordon)
-        result = await result_of(dev_env.client, "gpu-node-1")
+        result = await result_of(dev_env.client, "gpu-node-1", fleet.cluster)
         node = fleet.kube.get("Node", "", "gpu-node-1")
         state = fleet.ec2.describe_instances(InstanceIds=[host.iid])["Reservations"][0]["Instances"][0]["State"]
         denied = fleet.ledger.denied([f"GPU-{i}" for i in range(8)] + [g.uuid for g in host.nv.gpus])

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from activities.contracts import guard_workflow_id, remediation_workflow_id
+from activities.contracts import guard_workflow_id
 from sim.fleet import SimulatedFleet
 from sim.scenario import load_scenario
 from workflows.fleet_guard import FleetGuard
@@ -61,7 +61,7 @@ class GuardWatch:
 
 
 async def outcomes(client, fleet: SimulatedFleet, nodes: list[str]) -> dict[str, RemediationResult]:
-    return {n: await client.get_workflow_handle(remediation_workflow_id(n), result_type=RemediationResult).result()
+    return {n: await client.get_workflow_handle(fleet.episode_id(n), result_type=RemediationResult).result()
             for n in nodes}
 
 
@@ -109,7 +109,7 @@ async def test_an_unknown_xid_on_every_node_cordons_at_most_max_unhealthy(dev_en
         results = await outcomes(dev_env.client, fleet, nodes)
         # The deferral is read from each episode's own record: the guard's deferred list is
         # transient (room opens as canaries return), and a watcher's beat can miss it.
-        deferrals = {n: [a for a in (await dev_env.client.get_workflow_handle(remediation_workflow_id(n))
+        deferrals = {n: [a for a in (await dev_env.client.get_workflow_handle(fleet.episode_id(n))
                                      .query(NodeRemediation.status)).actions
                          if a.step == "quarantine" and "deferred by the fleet guard" in a.summary]
                      for n in nodes}

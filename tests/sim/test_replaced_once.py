@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from activities.contracts import remediation_workflow_id
 from sim.fleet import SimulatedFleet
 from sim.scenario import load_scenario
 from workflows.remediation_types import RemediationResult
@@ -29,7 +28,7 @@ faults:
         host = fleet.hosts["gpu-node-1"]
         host.agent.sent = ()  # the old host's agent sends what it still finds (it may have raced already)
         assert await host.agent.step() is not None
-        last = await dev_env.client.get_workflow_handle(remediation_workflow_id("gpu-node-1"),
+        last = await dev_env.client.get_workflow_handle(fleet.episode_id("gpu-node-1"),
                                                          result_type=RemediationResult).result()
         records = fleet.ledger.db.execute("SELECT outcome FROM remediation WHERE node = 'gpu-node-1'").fetchall()
         denied_after = fleet.ledger.db.execute("SELECT count(*) FROM denylist").fetchone()[0]

@@ -4,6 +4,7 @@ import asyncio
 
 from temporalio.api.enums.v1 import EventType
 
+from activities.contracts import admission_workflow_id, remediation_workflow_id
 from health.nics import NicExpectation
 from health.runner import ProbeConfig
 from policies.loader import default_policy
@@ -47,7 +48,7 @@ async def test_agent_signals_once_per_transition_and_resends(ts_env, uniq, tmp_p
         assert await agent.step() is None
         first = await agent.step()
         assert first is not None and [f.kind for f in first.findings] == ["row_remap_pending"]
-        handle = ts_env.client.get_workflow_handle(f"remediate/{node}")
+        handle = ts_env.client.get_workflow_handle(remediation_workflow_id(node, fleet.cluster))
         for _ in range(3):
             clock.t += 10
             assert await agent.step() is None, "same findings: no new signal"
@@ -99,7 +100,7 @@ async def test_agent_reports_kernel_log_xid_and_fails_closed_on_unreadable_log(t
         log.unlink()
         broken = await agent.step()
         assert broken is not None and any(f.kind == "probe_broken" for f in broken.findings)
-        await ts_env.client.get_workflow_handle(f"remediate/{node}").terminate("test over")
+        await ts_env.client.get_workflow_handle(remediation_workflow_id(node, fleet.cluster)).terminate("test over")
 
 
 async def test_first_report_of_a_new_node_starts_admission_once(ts_env, uniq, tmp_path):
@@ -117,7 +118,7 @@ async def test_first_report_of_a_new_node_starts_admission_once(ts_env, uniq, tm
     with ts_env.auto_time_skipping_disabled():
         async with fleet.workers():
             assert await Agent(ts_env.client, config, nv, boot_id="boot-1").step() is None
-            handle = ts_env.client.get_workflow_handle(f"admit/{node}", result_type=AdmissionResult)
+            handle = ts_env.client.get_workflow_handle(admission_workflow_id(node, fleet.cluster), result_type=AdmissionResult)
             result = await asyncio.wait_for(handle.result(), 90)
             assert await Agent(ts_env.client, config, nv, boot_id="boot-2").step() is None  # agent restart
     assert (result.outcome, result.validations) == ("healthy", 2)

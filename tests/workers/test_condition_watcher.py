@@ -4,6 +4,7 @@ import asyncio
 
 from kubernetes import client
 
+from activities.contracts import remediation_workflow_id
 from policies.loader import default_policy
 from sim.fake_kube import FakeKubeServer
 from tests.workflows.fakes import FakeFleet, FakeNode
@@ -43,7 +44,7 @@ async def test_condition_held_long_enough_reports_then_recovers(ts_env, uniq):
             assert report is not None and report.source == "watcher"
             assert [f.kind for f in report.findings] == ["node_condition"] and "Xid79" in report.findings[0].message
             assert await watcher.observe(core.read_node(node)) is None, "unchanged: no second signal"
-            handle = ts_env.client.get_workflow_handle(f"remediate/{node}")
+            handle = ts_env.client.get_workflow_handle(remediation_workflow_id(node, fleet.cluster))
             for _ in range(100):
                 status = await handle.query(NodeRemediation.status)
                 if status.triage is not None:

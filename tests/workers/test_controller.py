@@ -8,7 +8,7 @@ import sys
 
 from temporalio.worker import Worker
 
-from activities.contracts import node_task_queue
+from activities.contracts import node_task_queue, remediation_workflow_id
 from activities.node import NodeActivities
 from health.nics import NicExpectation
 from health.runner import ProbeConfig
@@ -41,11 +41,11 @@ async def test_controller_process_runs_an_episode(dev_env, uniq, tmp_path):
     acts = NodeActivities(ProbeConfig(expected_gpus=8, nics=NicExpectation(ports=0), require_nvidia_smi=False,
                                       sysfs_infiniband=tmp_path), nv, proc=tmp_path / "proc")
     try:
-        async with Worker(dev_env.client, task_queue=node_task_queue(node),
+        async with Worker(dev_env.client, task_queue=node_task_queue(node, "default"),
                           activities=acts.activities()):
             await send_report(dev_env.client, HealthReport(node=node, boot_id="b1", seq=1, findings=[
                 Finding(kind="xid", xid=13, gpu_index=1)]), node=node, task_queue=tq)
-            handle = dev_env.client.get_workflow_handle(f"remediate/{node}", result_type=RemediationResult)
+            handle = dev_env.client.get_workflow_handle(remediation_workflow_id(node, "default"), result_type=RemediationResult)
             result = await asyncio.wait_for(handle.result(), 120)
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -64,13 +64,13 @@ async def test_demo_keep_is_a_clean_playground_and_sigterm_ends_it(tmp_path):
         printed = [line.strip() for line in out.read_text().splitlines() if line.startswith("  ")]
         report_cmd = next(cmd for cmd in printed if " report " in cmd)
         argv = shlex.split(report_cmd)
-        node, address = argv[2], argv[argv.index("--temporal") + 1]
+        node, address, cluster = argv[2], argv[argv.index("--temporal") + 1], argv[argv.index("--cluster") + 1]
         bare = {**os.environ, "PATH": "/usr/local/bin:/usr/bin:/bin"}
         sent = await asyncio.to_thread(subprocess.run, report_cmd, shell=True, cwd="/", env=bare,
                                        capture_output=True, text=True, timeout=60)
         assert sent.returncode == 0, sent.stderr
         client = await Client.connect(address, data_converter=pydantic_data_converter)
-        handle = client.get_workflow_handle(remediation_workflow_id(node), result_type=RemediationResult)
+        handle = client.get_workflow_handle(remediation_workflow_id(node, cluster), result_type=RemediationResult)
         result = await asyncio.wait_for(handle.result(), 120)
         assert (result.outcome, result.rungs) == ("returned", ["reboot"]), result
         history_cmd = next(cmd for cmd in printed if " history " in cmd)

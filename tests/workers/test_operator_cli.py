@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 
+from activities.contracts import remediation_workflow_id
 from policies.loader import default_policy
 from tests.workflows.fakes import FakeFleet, FakeNode, xid
 from workflows.node_remediation import NodeRemediation
@@ -51,7 +52,7 @@ async def test_status_approve_history_report_pause(dev_env, uniq, tmp_path):
         assert asked[0]["detail"] == "reboot"
         rep = await cli(address, "report", other.name, "--xid", "48", "--gpu", "3")
         assert rep.returncode == 0, rep.stderr
-        r2 = await dev_env.client.get_workflow_handle(f"remediate/{other.name}", result_type=RemediationResult).result()
+        r2 = await dev_env.client.get_workflow_handle(remediation_workflow_id(other.name, fleet.cluster), result_type=RemediationResult).result()
         assert (r2.fault_class, r2.rungs) == ("memory", ["reset"])
         paused = json.loads((await cli(address, "pause", "--reason", "driver rollout", "--json")).stdout)
         assert paused["paused"] and paused["pause_reason"].startswith("driver rollout (by ") and "@" in paused["pause_reason"], \
@@ -64,14 +65,13 @@ async def test_status_approve_history_report_pause(dev_env, uniq, tmp_path):
 
 async def test_status_of_an_episode_nobody_serves_ends_naming_the_queue(dev_env, uniq):
     """A query with no worker polling would wait forever: the CLI says why, within seconds."""
-    from activities.contracts import remediation_workflow_id
     from workflows.remediation_types import (
         RemediationInput,
     )
 
     node, queue = f"orphan-{uniq}", f"nobody-{uniq}"
     handle = await dev_env.client.start_workflow(NodeRemediation.run, RemediationInput(node=node),
-                                                 id=remediation_workflow_id(node), task_queue=queue)
+                                                 id=remediation_workflow_id(node, "default"), task_queue=queue)
     address = dev_env.client.service_client.config.target_host
     try:
         t0 = asyncio.get_running_loop().time()
@@ -95,7 +95,7 @@ async def test_report_after_an_episode_was_terminated_by_hand_starts_a_new_one(d
         policy.ladder.reset.requires_approval = False
         rep = await cli(address, "report", n.name, "--xid", "48", "--gpu", "3", "--task-queue", fleet.task_queue)
         assert rep.returncode == 0, rep.stderr
-        second = dev_env.client.get_workflow_handle(f"remediate/{n.name}", result_type=RemediationResult)
+        second = dev_env.client.get_workflow_handle(remediation_workflow_id(n.name, fleet.cluster), result_type=RemediationResult)
         result = await second.result()
         await fleet.stop_guard()
     assert (await second.describe()).run_id != first.result_run_id
@@ -106,7 +106,6 @@ async def test_history_reads_closed_runs_nobody_serves_and_marks_an_unreachable_
     """After an earlier demo (`--keep` reuses the dev server's database) nobody polls the closed runs'
     task queue: `history` reads them from their event histories; a running episode that cannot answer
     is one row saying why, not a failed listing."""
-    from activities.contracts import remediation_workflow_id
     from workflows.remediation_types import (
         RemediationInput,
     )
@@ -121,7 +120,7 @@ async def test_history_reads_closed_runs_nobody_serves_and_marks_an_unreachable_
     assert first.outcome == "returned"
     # The workers are gone; a second episode starts on a queue nobody polls.
     stuck = await dev_env.client.start_workflow(NodeRemediation.run, RemediationInput(node=n.name),
-                                                id=remediation_workflow_id(n.name), task_queue=f"nobody-{uniq}")
+                                                id=remediation_workflow_id(n.name, "default"), task_queue=f"nobody-{uniq}")
     address = dev_env.client.service_client.config.target_host
     try:
         shown = await cli(address, "history", n.name, "--json")

@@ -18,7 +18,7 @@ from temporalio.service import RPCError
 from temporalio.worker import Worker
 
 from activities import contracts as c
-from activities.contracts import guard_workflow_id
+from activities.contracts import guard_workflow_id, remediation_workflow_id
 from activities.errors import NO_EFFECT, fail
 from activities.guard import GuardActivities
 from activities.policy import PolicyActivities
@@ -45,7 +45,7 @@ class FakeNode:
     calls: list[str] = field(default_factory=list)
     hold: asyncio.Event | None = None  # drain waits on it when set (tests steer timing)
     pdb_stuck: bool = False  # the drain times out with the job's pod still there (escalate)
-    agent: bool = True  # False: nobody polls node/<name> and no report comes from a new boot
+    agent: bool = True  # False: nobody polls node/<cluster>/<node> and no report comes from a new boot
     # After a reboot that returns: "agent" reports from the new boot and serves; "once" reports once
     # from it, then is gone; "watcher": only a condition watcher reports the kubelet's new boot id.
     after_reboot: str = "agent"
@@ -88,7 +88,7 @@ class FakeFleet:
     fleet_size: int | None = None  # what kube.fleet_size answers; None: the nodes added
     events: list[c.EventRequest] = field(default_factory=list)
     holder_check_delay: float = 0.0  # how long guard.live_holders takes (a slow server)
-    agents: dict[str, Worker] = field(default_factory=dict)  # node -> the worker serving node/<name>
+    agents: dict[str, Worker] = field(default_factory=dict)  # node -> the worker serving node/<cluster>/<node>
     check_drain_lease: bool = False  # each drain asks the guard whether the node holds a lease
     drained_without_lease: list[str] = field(default_factory=list)
     episodes_unlisted: bool = False  # guard.running_episodes fails (visibility down)
@@ -107,7 +107,7 @@ class FakeFleet:
                                  history_limit=self.history_limit)
 
     async def send_raw(self, name: str, raw) -> None:
-        await self.client.get_workflow_handle(f"remediate/{name}").signal("report", raw)
+        await self.client.get_workflow_handle(remediation_workflow_id(name, self.cluster)).signal("report", raw)
 
     def _node(self, req) -> FakeNode:
         n = self.nodes[req.node]
@@ -354,7 +354,7 @@ class FakeFleet:
                      activities=self.activities())]
         for n in self.nodes.values():
             if n.agent:
-                self.agents[n.name] = Worker(self.client, task_queue=c.node_task_queue(n.name), activities=self.activities())
+                self.agents[n.name] = Worker(self.client, task_queue=c.node_task_queue(n.name, self.cluster), activities=self.activities())
                 ws.append(self.agents[n.name])
         async with contextlib.AsyncExitStack() as stack:
             for w in ws:
@@ -365,7 +365,7 @@ class FakeFleet:
                 await self.stop_guard()
 
     async def stop_agent(self, name: str) -> None:
-        """The node's agent dies: nobody polls node/<name> any more (shutting down twice is harmless)."""
+        """The node's agent dies: nobody polls node/<cluster>/<node> any more (shutting down twice is harmless)."""
         self.nodes[name].agent = False
         if (w := self.agents.pop(name, None)) is not None:
             await w.shutdown()

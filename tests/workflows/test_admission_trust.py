@@ -25,12 +25,12 @@ async def test_a_restart_of_an_admitted_node_with_claimed_denylisted_ids_does_no
     async with fleet.workers():
         first = await ts_env.client.execute_workflow(
             NodeAdmission.run, AdmissionInput(node=n.name, hardware_ids=[g.uuid for g in n.ids()]),
-            id=admission_workflow_id(n.name), task_queue=fleet.task_queue)
+            id=admission_workflow_id(n.name, fleet.cluster), task_queue=fleet.task_queue)
         assert first.outcome == "healthy"
         calls_before = list(n.calls)
         again = await ts_env.client.execute_workflow(
             NodeAdmission.run, AdmissionInput(node=n.name, hardware_ids=["GPU-someone-elses"]),
-            id=admission_workflow_id(n.name), task_queue=fleet.task_queue,
+            id=admission_workflow_id(n.name, fleet.cluster), task_queue=fleet.task_queue,
             id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE)
     new_calls = n.calls[len(calls_before):]
     assert "cloud.replace" not in new_calls, "no replace on a claim"
@@ -46,8 +46,8 @@ async def test_a_node_with_denylisted_hardware_is_replaced_only_with_approval_an
     n = fleet.add(FakeNode(f"den-{uniq}", [], faulty=False))
     fleet.denylist[n.ids()[3].uuid] = "replaced: Xid 79"
     async with fleet.workers():
-        await start_admission(ts_env.client, node=n.name, hardware_ids=[], task_queue=fleet.task_queue)
-        handle = ts_env.client.get_workflow_handle_for(NodeAdmission.run, admission_workflow_id(n.name))
+        await start_admission(ts_env.client, node=n.name, cluster=fleet.cluster, hardware_ids=[], task_queue=fleet.task_queue)
+        handle = ts_env.client.get_workflow_handle_for(NodeAdmission.run, admission_workflow_id(n.name, fleet.cluster))
 
         async def awaiting() -> bool:
             acts = await handle.query(NodeAdmission.actions_so_far)

@@ -9,6 +9,7 @@ import json
 import pytest
 from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
 
+from activities.contracts import remediation_workflow_id
 from policies.findings import Finding, GpuIds, HealthReport
 from tests.workflows.fakes import FakeNode, xid
 from tests.workflows.test_node_remediation import make_fleet
@@ -60,7 +61,7 @@ async def test_oversized_reports_are_rejected_and_state_stays_small(ts_env, uniq
     # Every continue-as-new input of the episode, measured as it went over the wire.
     sizes = []
     for run_id in status.run_ids:
-        run = fleet.client.get_workflow_handle(f"remediate/{n.name}", run_id=run_id)
+        run = fleet.client.get_workflow_handle(remediation_workflow_id(n.name, fleet.cluster), run_id=run_id)
         async for e in run.fetch_history_events():
             # A signal landing while a run closes makes the server refuse that completion
             # (UNHANDLED_COMMAND) and hand the new signal to a fresh task: normal. Nothing else may fail.

@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import pytest
 
-from activities.contracts import guard_workflow_id
+from activities.contracts import guard_workflow_id, remediation_workflow_id
 from policies.findings import Finding
 from policies.loader import default_policy
 from tests.workflows.fakes import FakeNode, xid
@@ -81,7 +81,7 @@ async def test_failed_uncordon_is_not_returned(ts_env, uniq):
 
 
 async def test_silent_agent_is_agent_missing_never_replaced(ts_env, uniq):
-    """Nobody polls node/<name>: reboot through the cloud, then wait; the agent never returns,
+    """Nobody polls node/<cluster>/<node>: reboot through the cloud, then wait; the agent never returns,
     so the node stays quarantined with that reason: not terminated, nothing denylisted."""
     policy = default_policy()
     policy.validation.agent_timeout = timedelta(seconds=1)  # the test server waits for it in real time
@@ -89,7 +89,7 @@ async def test_silent_agent_is_agent_missing_never_replaced(ts_env, uniq):
     n = fleet.add(FakeNode(f"silent-{uniq}", [xid(48)], cured_by="none", agent=False))
     async with fleet.workers():
         result = await run_node(fleet, n)
-        status = await fleet.client.get_workflow_handle(f"remediate/{n.name}").query(NodeRemediation.status)
+        status = await fleet.client.get_workflow_handle(remediation_workflow_id(n.name, fleet.cluster)).query(NodeRemediation.status)
     assert result.outcome == "quarantined" and result.reason.startswith("agent_missing")
     assert "kubelet boot id kubelet-0 -> kubelet-1" in result.reason
     assert result.rungs == ["reset", "reboot"]

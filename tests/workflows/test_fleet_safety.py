@@ -100,7 +100,7 @@ async def admit(fleet, node: FakeNode, policy):
     return await fleet.client.execute_workflow(
         NodeAdmission.run, AdmissionInput(node=node.name, hardware_ids=[g.uuid for g in node.ids()] +
                                           sorted({g.serial for g in node.ids()})),
-        id=admission_workflow_id(node.name), task_queue=fleet.task_queue)
+        id=admission_workflow_id(node.name, fleet.cluster), task_queue=fleet.task_queue)
 
 
 async def test_admission_refuses_denylisted_serial(ts_env, uniq):

@@ -10,7 +10,7 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
-from activities.contracts import guard_workflow_id
+from activities.contracts import guard_workflow_id, remediation_workflow_id
 from tests.workflows.fakes import FakeNode, xid
 from tests.workflows.test_guard_never_wedged import fleet_of, guard_status, quick_policy
 from tests.workflows.test_node_remediation import wait_for
@@ -47,7 +47,7 @@ async def test_the_holder_check_of_thousands_of_ids_completes_and_grants_meanwhi
     fleet.guard_client = await slow_client(dev_env)
     n = fleet.add(FakeNode(f"real-{uniq}", [xid(48)], cured_by="reset"))
     # Episodes long gone, still in the books (a guard carried them through continue-as-new).
-    ghosts = {f"ghost{i}-{uniq}": f"remediate/ghost{i}-{uniq}" for i in range(GHOSTS)}
+    ghosts = {f"ghost{i}-{uniq}": remediation_workflow_id(f"ghost{i}-{uniq}", fleet.cluster) for i in range(GHOSTS)}
     async with fleet.workers():
         await dev_env.client.start_workflow(
             FleetGuard.run, GuardInput(cluster=fleet.cluster, policy=policy.guard, fleet_size=10,

@@ -56,11 +56,15 @@ async def no_task_failures(handle) -> None:
 
 
 async def wait_for(predicate, timeout: float = 10.0) -> None:
-    for _ in range(int(timeout / 0.05)):
+    """Polls until `predicate()` holds. The floor of 60 s is for a loaded CI machine, where a dev
+    server's task can take seconds: a condition that holds returns at once, only a failure waits."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + max(timeout, 60.0)
+    while loop.time() < end:
         if await predicate():
             return
         await asyncio.sleep(0.05)
-    raise AssertionError("condition not reached")
+    raise AssertionError(f"condition not reached in {max(timeout, 60.0):.0f} s: {getattr(predicate, '__name__', predicate)}")
 
 
 async def test_application_fault_kills_only(ts_env, uniq):

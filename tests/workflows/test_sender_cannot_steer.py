@@ -59,7 +59,7 @@ async def test_a_start_naming_another_node_and_cluster_acts_on_its_own_id(ts_env
     async with fleet.workers():
         handle = await ts_env.client.start_workflow(
             NodeRemediation.run, RemediationInput(node=b.name, cluster=other),
-            id=remediation_workflow_id(f"not-{b.name}"), task_queue=fleet.task_queue,
+            id=remediation_workflow_id(f"not-{b.name}", fleet.cluster), task_queue=fleet.task_queue,
             start_signal="report", start_signal_args=[b.report().model_dump(mode="json")])
 
         async def rejected() -> bool:

@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 from kubernetes import client as k8s
 
+from activities.contracts import remediation_workflow_id
 from policies.loader import default_policy
 from policies.model import Generation
 from tests.workflows.fakes import FakeNode
@@ -35,7 +36,7 @@ async def test_two_watcher_replicas_send_a_sticky_condition_once(ts_env, uniq):
     node = node_with_condition(n.name, datetime.now(UTC) - timedelta(minutes=1))
     async with fleet.workers():
         await replica(fleet).observe(node)
-        handle = ts_env.client.get_workflow_handle_for(NodeRemediation.run, f"remediate/{n.name}")
+        handle = ts_env.client.get_workflow_handle_for(NodeRemediation.run, remediation_workflow_id(n.name, fleet.cluster))
 
         async def in_probation() -> bool:
             return (await handle.query(NodeRemediation.status)).stage in ("probation", "done")
@@ -48,6 +49,6 @@ async def test_two_watcher_replicas_send_a_sticky_condition_once(ts_env, uniq):
         assert first.rungs == ["reset"], "the second copy was no recurrence"
         resets = n.calls.count("node.reset_gpu")
         await replica(fleet).observe(node)  # a restarted replica, the condition still set
-        again = await ts_env.client.get_workflow_handle_for(NodeRemediation.run, f"remediate/{n.name}").result()
+        again = await ts_env.client.get_workflow_handle_for(NodeRemediation.run, remediation_workflow_id(n.name, fleet.cluster)).result()
     assert n.calls.count("node.reset_gpu") == resets, f"no second reset for the same condition ({again.reason})"
     assert again.outcome == "healthy" and "re-send" in again.reason, again.reason

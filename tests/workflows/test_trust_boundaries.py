@@ -48,7 +48,7 @@ async def test_a_start_carrying_its_own_policy_and_state_acts_on_the_controllers
         state=RemediationState(stage=Stage.LADDER, skip_to="replace", quarantined=True, lease_held=True))
     async with fleet.workers():
         handle = await ts_env.client.start_workflow(
-            NodeRemediation.run, forged, id=remediation_workflow_id(n.name), task_queue=fleet.task_queue,
+            NodeRemediation.run, forged, id=remediation_workflow_id(n.name, fleet.cluster), task_queue=fleet.task_queue,
             start_signal="report", start_signal_args=[n.report().model_dump(mode="json")])
         await wait_for(lambda: _awaiting(handle, "reboot"), timeout=30)
         st = await handle.query(NodeRemediation.status)
@@ -85,7 +85,7 @@ async def test_admission_started_with_a_dry_run_policy_still_taints(ts_env, uniq
     async with fleet.workers():
         result = await ts_env.client.execute_workflow(
             NodeAdmission.run, AdmissionInput(node=n.name, policy=sender_policy(), hardware_ids=["GPU-x"], expected_gpus=1),
-            id=admission_workflow_id(n.name), task_queue=fleet.task_queue)
+            id=admission_workflow_id(n.name, fleet.cluster), task_queue=fleet.task_queue)
     assert result.outcome == "healthy"
     assert result.actions[0].step == "policy" and "policy" in result.actions[0].detail
     assert not n.requests["kube.quarantine"][0].dry_run
