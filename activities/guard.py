@@ -91,22 +91,34 @@ class GuardActivities:
 
     @activity.defn(name=c.GUARD_RUNNING_EPISODES)
     async def running_episodes(self, req: c.RunningEpisodesRequest) -> c.RunningEpisodesResult:
-        """Running NodeRemediation episodes of one cluster, from visibility and each one's status."""
-        seen = []
+        """Running NodeRemediation episodes of one cluster, from visibility and each one's status.
+
+        An id that names another cluster is skipped unasked; the rest are queried many at once,
+        so one episode whose worker is gone costs its query timeout once, not once per episode."""
+        listed = []
         try:
             async for w in self.client.list_workflows(f'WorkflowType = "{c.EPISODE_WORKFLOW}" AND ExecutionStatus = "Running"'):
-                try:
-                    st = await self.client.get_workflow_handle(w.id, run_id=w.run_id).query(
-                        "status", rpc_timeout=timedelta(seconds=10))
-                except RPCError:
-                    continue  # it cannot answer now; its re-sent lease request heals the books
-                if st.get("cluster", "default") != req.cluster:
+                if c.cluster_in_workflow_id(w.id, "remediate") not in (None, req.cluster):
                     continue
-                seen.append(c.EpisodeSeen(holder=w.id, node=st["node"], lease_held=bool(st.get("lease_held")),
-                                          lease_requested=bool(st.get("lease_requested")),
-                                          quarantined=bool(st.get("quarantined"))))
+                listed.append((w.id, w.run_id))
         except RPCError as err:
             if err.status == RPCStatusCode.UNIMPLEMENTED:  # the time-skipping test server has no visibility
                 return c.RunningEpisodesResult(known=False)
             raise
-        return c.RunningEpisodesResult(known=True, episodes=seen)
+        gate = asyncio.Semaphore(32)
+
+        async def status(wid: str, run_id: str | None) -> c.EpisodeSeen | None:
+            async with gate:
+                try:
+                    st = await self.client.get_workflow_handle(wid, run_id=run_id).query(
+                        "status", rpc_timeout=timedelta(seconds=10))
+                except RPCError:
+                    return None  # it cannot answer now; its re-sent lease request heals the books
+            if st.get("cluster", "default") != req.cluster:
+                return None  # a legacy id: only its status names the cluster
+            return c.EpisodeSeen(holder=wid, node=st["node"], lease_held=bool(st.get("lease_held")),
+                                 lease_requested=bool(st.get("lease_requested")),
+                                 quarantined=bool(st.get("quarantined")))
+
+        seen = await asyncio.gather(*(status(wid, run) for wid, run in listed))
+        return c.RunningEpisodesResult(known=True, episodes=[e for e in seen if e is not None])

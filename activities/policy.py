@@ -19,7 +19,7 @@ def policy_hash(policy: Policy) -> str:
 
 
 class PolicyActivities:
-    def __init__(self, policy: Policy, source: str = "default", cluster: str | None = None):
+    def __init__(self, policy: Policy, source: str, cluster: str):
         self.snapshot = c.PolicySnapshot(name=policy.name, sha256=policy_hash(policy), source=source, policy=policy,
                                          cluster=cluster)
 

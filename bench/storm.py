@@ -98,7 +98,7 @@ async def run(nodes: int, single: int) -> dict:
     policy = default_policy()
     policy.guard.defer_quarantine = False
     acts = [*controller_activities(KubeActivities(core), cloud, ledger, GuardActivities(env.client),
-                                  PolicyActivities(policy)),
+                                  PolicyActivities(policy, "bench", f"c-{tq}")),
             BaselineActivities(core).cordon]
     loop = asyncio.get_running_loop()
 

@@ -238,7 +238,7 @@ class SimulatedFleet:
             ledger, guard = LedgerActivities(self.ledger), GuardActivities(self.temporal)
             # Kept to start the controller again (a scenario's controller_restart event).
             self.new_controller = lambda: controller_worker(self.temporal, self.task_queue, controller_activities(
-                KubeActivities(core), cloud, ledger, guard, PolicyActivities(self.policy, "scenario")))
+                KubeActivities(core), cloud, ledger, guard, PolicyActivities(self.policy, "scenario", self.cluster)))
             self.controller = self.new_controller()
             workers.append(self.controller)
 

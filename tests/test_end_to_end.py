@@ -110,7 +110,7 @@ async def gpu_cluster(dev_env, aws, tmp_path, uniq, policy):
     guard = GuardActivities(dev_env.client)
     controller = Worker(dev_env.client, task_queue=tq, workflows=CONTROLLER_WORKFLOWS,
                         activities=controller_activities(kube_acts, cloud_acts, ledger, guard,
-                                                                  PolicyActivities(policy, "test")))
+                                                                  PolicyActivities(policy, "test", cluster)))
     agent_worker = Worker(dev_env.client, task_queue=node_task_queue(node, cluster), activities=node_acts.activities())
     stop = asyncio.Event()
     try:

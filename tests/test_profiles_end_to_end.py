@@ -98,7 +98,7 @@ async def test_admission_records_the_validated_baseline(dev_env, aws, tmp_path, 
     async with gpu_cluster(dev_env, aws, tmp_path, uniq, policy) as st:
         write_ib_ports(tmp_path / "ib", [PORT_UP] * 8)
         tq = st.host.agent.config.task_queue
-        assert await start_admission(dev_env.client, node=st.node, hardware_ids=["GPU-x"], task_queue=tq)
+        assert await start_admission(dev_env.client, node=st.node, hardware_ids=["GPU-x"], cluster=st.cluster, task_queue=tq)
         handle = dev_env.client.get_workflow_handle(admission_workflow_id(st.node, st.cluster), result_type=AdmissionResult)
         result = await asyncio.wait_for(handle.result(), 90)
         assert result.outcome == "healthy", result

@@ -74,7 +74,8 @@ async def _running(client: Client, node: str, cluster: str):
         desc = await handle.describe()
     except RPCError as err:
         if err.status == RPCStatusCode.NOT_FOUND:
-            raise OperatorError(f"no remediation has ever run for node {node!r}") from None
+            raise OperatorError(f"no remediation has ever run for node {node!r} in cluster {cluster!r} "
+                                "(--cluster names another)") from None
         raise
     return handle, desc.status == WorkflowExecutionStatus.RUNNING
 
@@ -136,7 +137,8 @@ async def history(client: Client, node: str, cluster: str) -> list[dict]:
                          "steps": [{"at": a.at.isoformat(), "step": a.step, "summary": a.summary, "ok": a.ok,
                                     "detail": a.detail} for a in st.actions]})
     if not episodes:
-        raise OperatorError(f"no remediation has ever run for node {node!r}")
+        raise OperatorError(f"no remediation has ever run for node {node!r} in cluster {cluster!r} "
+                            "(--cluster names another)")
     return sorted(episodes, key=lambda e: e["started"])
 
 

@@ -100,7 +100,7 @@ async def send_report(
     )
 
 
-async def start_admission(client: Client, *, node: str, hardware_ids: list[str], cluster: str = "default",
+async def start_admission(client: Client, *, node: str, hardware_ids: list[str], cluster: str,
                           task_queue: str = c.DEFAULT_TASK_QUEUE) -> bool:
     """Start `admit/<cluster>/<node>` once per node; False when it already ran (or runs) for this
     node, under that id or under `admit/<node>` from before ids carried the cluster."""

@@ -390,7 +390,7 @@ class WhatIfFleet:
                 self.check_node, self.count_fleet, self.quarantined_nodes, self.reboot, self.kubelet_boot_id,
                 self.replace, self.record, self.count_recent, self.check_denied, self.denylist_add, self.sku_baseline,
                 self.admit, self.admitted, self.last_started, self.load_figures, self.running_holders,
-                PolicyActivities(self.policy, "whatif").current, guard.signal_guard, guard.live_holders,
+                PolicyActivities(self.policy, "whatif", WHATIF_CLUSTER).current, guard.signal_guard, guard.live_holders,
                 guard.running_episodes]
 
     def node_activities(self) -> list:

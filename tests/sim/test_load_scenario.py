@@ -19,7 +19,7 @@ async def test_load_faults_are_found_under_load_and_climb_the_ladder_only_when_t
 
     async def after(doc, fleet):
         for node in ("gpu-node-0", "gpu-node-1", "gpu-node-5"):
-            seen[node] = await op.history(fleet.temporal, node)
+            seen[node] = await op.history(fleet.temporal, node, fleet.cluster)
         seen["denied"] = fleet.ledger.denied([g.uuid for g in fleet.hosts["gpu-node-0"].nv.gpus])
         seen["figures"] = fleet.ledger.db.execute(
             "SELECT node, serial, tier, figures FROM load_figures WHERE node = 'gpu-node-5'").fetchall()

@@ -59,7 +59,7 @@ def test_simulate_json_document(tmp_path):
     r = rows["gpu-node-1"]
     assert (r["outcome"], r["fault_class"], r["attribution"], r["rungs"], r["validations"]) == \
         ("returned", "gpu_lost", "platform", ["reboot"], 2)
-    assert r["workflow_id"] == "remediate/gpu-node-1" and r["run_ids"] and r["history_events"] > 0
+    assert r["workflow_id"].startswith("remediate/sim-") and r["workflow_id"].endswith("/gpu-node-1") and r["run_ids"] and r["history_events"] > 0
     assert rows["gpu-node-0"]["outcome"] == "healthy" and rows["gpu-node-0"]["attribution"] is None
     assert doc["fleet"]["max_disruptive_at_once"] == 1 and doc["fleet"]["evictions_breaking_budget"] == 0
 

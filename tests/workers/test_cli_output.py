@@ -111,7 +111,8 @@ async def test_status_watch_prints_each_change_until_interrupted(dev_env, uniq):
     fleet, n = parked_fleet(dev_env, f"watch-{uniq}", f"tq-{uniq}", f"w-{uniq}")
     async with fleet.workers():
         handle = await awaiting_approval(fleet, n.name)
-        proc = subprocess.Popen([sys.executable, "-m", "workers.cli", "status", n.name, "-w", "--temporal", address],
+        proc = subprocess.Popen([sys.executable, "-m", "workers.cli", "status", n.name, "-w", "--temporal", address,
+                                 "--cluster", f"w-{uniq}"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         await asyncio.sleep(4)
         await handle.execute_update(NodeRemediation.pause, "vendor on site")
