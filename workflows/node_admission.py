@@ -37,6 +37,8 @@ with workflow.unsafe.imports_passed_through():
 # from its own agent, a node admitted before with that hardware is left alone, and a replace takes
 # approval and a disruption lease like any other (issue 22: 3).
 PATCH_ADMISSION_TRUSTED = "admission-trusted"
+# A node with a remediation episode running is a serving node under remediation, not a new one.
+PATCH_ADMISSION_NOT_BESIDE_EPISODE = "admission-not-beside-episode"
 
 
 class AdmissionInput(BaseModel):
@@ -67,6 +69,7 @@ class NodeAdmission:
         self.granted = False
         self.awaiting_approval = False
         self.approved_by: str | None = None
+        self._beside_episode_check = False  # PATCH_ADMISSION_NOT_BESIDE_EPISODE, decided at the start
 
     @workflow.query
     def actions_so_far(self) -> list[ActionRecord]:
@@ -95,6 +98,7 @@ class NodeAdmission:
         trusted_admission = workflow.patched(PATCH_ADMISSION_TRUSTED)  # before the first local activity
         profiles = workflow.patched(PATCH_NODE_PROFILES)  # decided before the first local activity
         load = workflow.patched(PATCH_LOAD_VALIDATION)  # before the first local activity
+        self._beside_episode_check = workflow.patched(PATCH_ADMISSION_NOT_BESIDE_EPISODE)  # likewise
         cluster = None
         if controller_policy_applies():
             snap = await take_controller_policy(inp.node)
@@ -151,6 +155,10 @@ class NodeAdmission:
                                  f"check {node} is a GPU node of this cluster", c.NodeCheckResult)
         if not (found.exists and found.ours):
             return self._result(Outcome.REJECTED, f"rejected: {found.reason}", 0)
+        if self._beside_episode_check and (episode := await self._episode_running(node, cluster)):
+            # Its taint and validation would take a node out of service past the guard's count.
+            return self._result(Outcome.REJECTED, f"rejected: {episode} runs for {node}: a node under "
+                                "remediation is not a new node; nothing done", 0)
         summary = f"read {node}'s hardware ids from its own agent"
         try:
             hw = await call(c.NODE_HARDWARE_IDS, c.HardwareIdsRequest(node=node), c.HardwareIdsResult, summary=summary,
@@ -201,6 +209,12 @@ class NodeAdmission:
             await self._step(c.LEDGER_ADMIT, c.AdmitRequest(node=node, hardware_ids=hw.hardware_ids),
                              f"record {node}'s admission in the ledger")
         return self._result(Outcome.HEALTHY, "validated twice; admitted", passed)
+
+    async def _episode_running(self, node: str, cluster: str) -> str | None:
+        ids = [c.remediation_workflow_id(node, cluster), c.legacy_remediation_workflow_id(node)]
+        found = await self._step(c.GUARD_RUNNING_HOLDERS, c.LiveHoldersRequest(holders=ids),
+                                 f"is a remediation of {node} running", c.LiveHoldersResult)
+        return found.running[0] if found.running else None
 
     async def _replace_approved(self, node: str, p: Policy) -> bool:
         rp = p.ladder.replace

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from temporalio import workflow
 from temporalio.common import RawValue
 
@@ -21,6 +23,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.remediation_steps import RemediationSteps
     from workflows.remediation_types import (
         PATCH_APPROVE_RUNG,
+        PATCH_FIRST_REPORT_DEADLINE,
         PATCH_KILL_IMPLICATED,
         PATCH_LEASE_BACKOFF,
         PATCH_NODE_PROFILES,
@@ -210,6 +213,8 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
             return f"approval to {s.awaiting_approval.value} (gpuheal approve {self.node} {s.awaiting_approval.value})"
         if s.lease_requested and not s.lease_held:
             return "a disruption lease from the fleet guard"
+        if s.latest is None and s.stage is Stage.TRIAGE:
+            return f"a valid report from {self.node} ({s.rejected_total} rejected so far)"
         if s.stage is Stage.PROBATION:
             return f"the end of probation ({self.policy.probation if self.policy else ''})"
         return ""
@@ -219,7 +224,10 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
     async def run(self, inp: RemediationInput) -> RemediationResult:
         self._begin_run()
         await self._take_controller_policy()
-        await workflow.wait_condition(lambda: self.s.latest is not None)
+        if self._fixed(PATCH_FIRST_REPORT_DEADLINE):
+            await self._first_valid_report()
+        else:
+            await workflow.wait_condition(lambda: self.s.latest is not None)
         steps = {
             Stage.TRIAGE: self._triage,
             Stage.LADDER: self._climb_one_rung,
@@ -236,6 +244,20 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
             await steps[self.s.stage]()
         await self._close_episode()
         return self._result()
+
+    async def _first_valid_report(self) -> None:
+        """A start whose report was rejected (malformed, spoofed, stale) waits for a valid one as long
+        as an agent is given to answer, then ends `rejected` with why: it never waits unseen."""
+        if self.s.latest is not None:
+            return
+        timeout = self.policy.validation.agent_timeout if self.policy else timedelta(minutes=2)
+        try:
+            await workflow.wait_condition(lambda: self.s.latest is not None or self.s.cancel_reason is not None,
+                                          timeout=timeout, timeout_summary=f"wait for a valid report from {self.node}")
+        except TimeoutError:
+            last = f"; the latest: {self.s.rejected[-1].reason}" if self.s.rejected else ""
+            self._finish(Outcome.REJECTED, f"rejected: no valid report for {self.node} within {timeout} of the "
+                                           f"start ({self.s.rejected_total} rejected{last}); nothing done")
 
     def _id_names_another_cluster(self) -> str | None:
         """`remediate/<cluster>/<node>` must name the controller's cluster: a sender naming another

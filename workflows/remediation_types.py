@@ -78,7 +78,10 @@ PATCH_LEASE_BACKOFF = "lease-request-backoff"
 PATCH_CHECK_REPORT_BOOT = "check-node-report-boot"  # 14: kube.check_node sees the report's boot id
 PATCH_PAUSE_BEFORE_DRAIN = "pause-before-drain"  # a pause during the approval or lease wait holds the drain
 PATCH_REBOOT_DOUBT = "reboot-doubt-left-for-a-person"  # 2/13: no proof a reboot happened is never a replace
-ISSUE22_REDTEAM_PATCHES = (PATCH_CHECK_REPORT_BOOT, PATCH_PAUSE_BEFORE_DRAIN, PATCH_REBOOT_DOUBT)
+# An episode whose starting report was rejected ends `rejected` when no valid one follows in time.
+PATCH_FIRST_REPORT_DEADLINE = "first-report-deadline"
+ISSUE22_REDTEAM_PATCHES = (PATCH_CHECK_REPORT_BOOT, PATCH_PAUSE_BEFORE_DRAIN, PATCH_REBOOT_DOUBT,
+                           PATCH_FIRST_REPORT_DEADLINE)
 MAX_ACTIONS_KEPT = 200
 MAX_SEQ_SENDERS_KEPT = 32
 MAX_RUN_IDS_KEPT = 50

@@ -11,7 +11,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
 from activities.contracts import admission_workflow_id
-from tests.workflows.fakes import FakeNode
+from tests.workflows.fakes import FakeNode, xid
 from tests.workflows.test_node_remediation import make_fleet, wait_for
 from tests.workflows.test_trust_boundaries import controller_policy
 from workers.reporting import start_admission
@@ -65,3 +65,24 @@ async def test_a_node_with_denylisted_hardware_is_replaced_only_with_approval_an
     steps = [a.step for a in result.actions]
     assert steps.index("lease") < steps.index("cloud.replace"), steps
     assert any(a.summary == "approve by bob" for a in result.actions)
+
+
+async def test_an_admission_beside_a_running_episode_does_nothing(ts_env, uniq):
+    """A node under remediation was never admitted (it served before gpuheal came) and a start of
+    `admit/<cluster>/<node>` arrives: its unvalidated taint and validation would take the node out of
+    service past the guard's count (safety simulation, seed 24). It is refused, nothing done."""
+    from tests.workflows.test_sender_cannot_steer import _awaiting_reboot
+
+    fleet = make_fleet(ts_env, uniq, controller_policy())  # reboot waits a day for approval
+    n = fleet.add(FakeNode(f"beside-{uniq}", [xid(79)], cured_by="reboot"))
+    fleet.denylist["GPU-someone-elses"] = "replaced: Xid 79"
+    async with fleet.workers():
+        episode = await _awaiting_reboot(fleet, n)
+        calls_before = list(n.calls)
+        result = await ts_env.client.execute_workflow(
+            NodeAdmission.run, AdmissionInput(node=n.name, hardware_ids=["GPU-someone-elses"]),
+            id=admission_workflow_id(n.name, fleet.cluster), task_queue=fleet.task_queue)
+        await episode.terminate("test over")
+    new_calls = [x for x in n.calls[len(calls_before):] if x.startswith(("kube.quarantine", "node.", "cloud."))]
+    assert result.outcome == "rejected" and "runs for" in result.reason, result.reason
+    assert new_calls == [], new_calls

@@ -145,3 +145,33 @@ async def test_a_report_arriving_while_the_episode_closes_is_recorded(ts_env, un
     assert late, "the late report is in the actions (status, history)"
     assert result.late_reports == 1
     assert "after the episode ended" in late[0].summary and "xid 48" in late[0].detail
+
+
+async def test_an_episode_started_by_a_rejected_report_ends_rejected_not_wedged(ts_env, uniq):
+    """A start whose only report is malformed waits for a valid one, saying so, then ends `rejected`
+    with why (before first-report-deadline it waited at triage, unseen, for ever)."""
+    from temporalio.common import WorkflowIDConflictPolicy
+
+    from workflows.remediation_types import RemediationResult
+
+    fleet = make_fleet(ts_env, uniq, controller_policy())
+    n = fleet.add(FakeNode(f"badstart-{uniq}", [xid(48)], cured_by="reboot"))
+    nested: dict = {}
+    for _ in range(200):
+        nested = {"x": nested}
+    async with fleet.workers():
+        handle = await ts_env.client.start_workflow(
+            NodeRemediation.run, RemediationInput(node=n.name, cluster=fleet.cluster),
+            id=remediation_workflow_id(n.name, fleet.cluster), task_queue=fleet.task_queue,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING, start_signal="report",
+            start_signal_args=[{"node": n.name, "findings": nested}], result_type=RemediationResult)
+
+        async def rejected_once() -> bool:
+            return (await _status(handle)).rejected_total >= 1
+
+        await wait_for(rejected_once, timeout=10)
+        st = await _status(handle)
+        assert st.waiting.startswith(f"a valid report from {n.name}"), st.waiting
+        result = await handle.result()
+    assert result.outcome == "rejected" and "no valid report" in result.reason, result
+    assert n.calls == [], "nothing was done to the node"
