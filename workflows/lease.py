@@ -14,7 +14,12 @@ with workflow.unsafe.imports_passed_through():
     from activities import contracts as c
     from policies.durations import format_duration
     from workflows.episode import Episode
-    from workflows.remediation_types import PATCH_LEASE_REQUEST_IDS, PATCH_PAUSE_BEFORE_DRAIN, Outcome
+    from workflows.remediation_types import (
+        PATCH_GRANT_NEEDS_ID,
+        PATCH_LEASE_REQUEST_IDS,
+        PATCH_PAUSE_BEFORE_DRAIN,
+        Outcome,
+    )
     from workflows.report_intake import fault_cleared
 
 GUARD_SIGNAL_FAULT = "fault"
@@ -91,9 +96,10 @@ class GuardClient(Episode):
         """A grant is the lease only for the request outstanding: one that arrives after the lease was
         given back (a re-grant of a re-sent request, a duplicate) would have a drain run with no
         holder at the guard."""
-        # A grant with no id comes from a guard that predates request ids: taken while a request is out.
-        if self._fixed(PATCH_LEASE_REQUEST_IDS) and not (
-                self.s.lease_requested and grant.request_id in (self.s.lease_request_id, "")):
+        # A grant with no id came from a guard that predates request ids: taken while a request was out,
+        # until grant-needs-request-id (the guard echoes the id; an id-less grant proves nothing).
+        named = {self.s.lease_request_id} if self._fixed(PATCH_GRANT_NEEDS_ID) else {self.s.lease_request_id, ""}
+        if self._fixed(PATCH_LEASE_REQUEST_IDS) and not (self.s.lease_requested and grant.request_id in named):
             # Counted and logged, not a step of the record: a re-grant arriving after the lease went
             # back is routine, and the record's steps time the episode's phases.
             self.s.stray_grants += 1

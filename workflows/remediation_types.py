@@ -80,8 +80,11 @@ PATCH_PAUSE_BEFORE_DRAIN = "pause-before-drain"  # a pause during the approval o
 PATCH_REBOOT_DOUBT = "reboot-doubt-left-for-a-person"  # 2/13: no proof a reboot happened is never a replace
 # An episode whose starting report was rejected ends `rejected` when no valid one follows in time.
 PATCH_FIRST_REPORT_DEADLINE = "first-report-deadline"
+# A grant must name the request it answers: one without an id (a guard on code from before request
+# ids, or any sender able to signal) is not a lease; the re-sent request gets a named grant.
+PATCH_GRANT_NEEDS_ID = "grant-needs-request-id"
 ISSUE22_REDTEAM_PATCHES = (PATCH_CHECK_REPORT_BOOT, PATCH_PAUSE_BEFORE_DRAIN, PATCH_REBOOT_DOUBT,
-                           PATCH_FIRST_REPORT_DEADLINE)
+                           PATCH_FIRST_REPORT_DEADLINE, PATCH_GRANT_NEEDS_ID)
 MAX_ACTIONS_KEPT = 200
 MAX_SEQ_SENDERS_KEPT = 32
 MAX_RUN_IDS_KEPT = 50

@@ -43,10 +43,10 @@ async def waiting_for_lease(handle) -> bool:
     return s.lease_requested and not s.lease_held
 
 
-@pytest.mark.xfail(strict=True, reason="defect (low, compat): a grant with an empty request id is taken whenever a "
-                   "request is out, whatever the guard decided: a grant from a guard worker still on the old code "
-                   "(rolling deploy) or any sender able to signal gets a drain with no holder at the guard")
 async def test_grant_without_request_id_is_not_a_lease_while_the_guard_says_wait(ts_env, uniq):
+    """A grant with an empty request id (a guard worker still on old code in a rolling deploy, or any
+    sender able to signal) was taken whenever a request was out: a drain with no holder at the guard.
+    Since grant-needs-request-id it is ignored; B drains only once A gives the lease back."""
     fleet = fleet_of(ts_env, uniq, one_lease_policy())
     a = fleet.add(FakeNode(f"holder-{uniq}", [xid(48)], cured_by="reset", hold=asyncio.Event()))
     b = fleet.add(FakeNode(f"waiter-{uniq}", [xid(48)], cured_by="reset"))
