@@ -28,6 +28,7 @@ with workflow.unsafe.imports_passed_through():
         PATCH_LEASE_BACKOFF,
         PATCH_NODE_PROFILES,
         PATCH_REPEAT_PER_BOARD,
+        PATCH_REPLACE_ON_AGENT_RECURRENCE,
         SA_ATTRIBUTION,
         SA_FAULT,
         SA_UUIDS,
@@ -62,6 +63,7 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
         self._decide_issue22()
         self._profiles = False  # PATCH_NODE_PROFILES, decided with the other patches
         self._lease_backoff = False  # PATCH_LEASE_BACKOFF, likewise
+        self._action_failed = ""  # why the rung just acted could not be done (rungs.py), read once
 
     # --- handlers: agents signal, operators update, everyone queries --------------------------
     @workflow.signal
@@ -379,6 +381,8 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
             self.s.fixed_by = rung
             return self._set_stage(Stage.RETURN if self.s.quarantined else Stage.PROBATION)
         self.s.next_rung = rung.above()
+        if why := self._failed_action_stops(rung):
+            return await self._leave_for_a_person(why)
         if self.s.agent_missing and (why := self._agent_missing_stops(rung)):
             return await self._leave_for_a_person(why)
         if self.s.agent_missing and rung is not Rung.REBOOT:
@@ -421,7 +425,14 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
         self.s.next_rung = max(above, t.start_rung, key=lambda r: r.rank)
         self._record("probation", f"recurrence on {self.node} during probation", False,
                      f"{t.reason}: escalate to {self.s.next_rung.value}")
-        self.s.recurrence = None
+        sender, self.s.recurrence = self.s.recurrence.source, None
+        if (self.s.next_rung is Rung.REPLACE and sender != "agent"
+                and self._fixed(PATCH_REPLACE_ON_AGENT_RECURRENCE)):
+            # Anyone able to signal can send a report; only the node's own probes are evidence enough
+            # to replace it and denylist its hardware.
+            return await self._leave_for_a_person(
+                f"recurrence on {self.node} reported by {sender[:64]}, not its own agent: a replace needs the "
+                "node's own probes; cordoned for a person")
         self._set_stage(Stage.LADDER)
 
     async def _close_episode(self) -> None:

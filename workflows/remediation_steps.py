@@ -19,6 +19,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.remediation_types import (
         PATCH_APPROVAL_NO_LEASE,
         PATCH_CHECK_REPORT_BOOT,
+        PATCH_IMPLICATE_PLATFORM_ONLY,
         PATCH_REPEAT_PER_BOARD,
         Outcome,
         Stage,
@@ -146,7 +147,9 @@ class RemediationSteps(GuardClient):
         """Hardware a probe on the node itself named (the agent's report), for the denylist."""
         if report.source != "agent":
             return
-        acted = [v.finding for v in t.verdicts if v.rung is not None]
+        platform_only = self._fixed(PATCH_IMPLICATE_PLATFORM_ONLY)
+        acted = [v.finding for v in t.verdicts if v.rung is not None
+                 and (v.attribution == "platform" or not platform_only)]
         self.s.implicated = sorted({*self.s.implicated, *report.implicated_ids(acted)})
 
     async def _attribute_pods(self, t: Triage) -> None:

@@ -83,8 +83,17 @@ PATCH_FIRST_REPORT_DEADLINE = "first-report-deadline"
 # A grant must name the request it answers: one without an id (a guard on code from before request
 # ids, or any sender able to signal) is not a lease; the re-sent request gets a named grant.
 PATCH_GRANT_NEEDS_ID = "grant-needs-request-id"
+# A rung whose action could not be done (its calls failed) is no evidence: no climb to replace on it.
+PATCH_FAILED_ACTION_NO_REPLACE = "failed-action-no-replace"
+# A recurrence that would replace must come from the node's own agent (its probes), not a watcher's or
+# anyone else's report.
+PATCH_REPLACE_ON_AGENT_RECURRENCE = "replace-on-agent-recurrence"
+# Only a platform finding implicates hardware: an application fault's GPU (Xid 13) is where a job
+# failed, not a faulty board, and the denylist is permanent.
+PATCH_IMPLICATE_PLATFORM_ONLY = "implicate-platform-findings-only"
 ISSUE22_REDTEAM_PATCHES = (PATCH_CHECK_REPORT_BOOT, PATCH_PAUSE_BEFORE_DRAIN, PATCH_REBOOT_DOUBT,
-                           PATCH_FIRST_REPORT_DEADLINE, PATCH_GRANT_NEEDS_ID)
+                           PATCH_FIRST_REPORT_DEADLINE, PATCH_GRANT_NEEDS_ID, PATCH_FAILED_ACTION_NO_REPLACE,
+                           PATCH_REPLACE_ON_AGENT_RECURRENCE, PATCH_IMPLICATE_PLATFORM_ONLY)
 MAX_ACTIONS_KEPT = 200
 MAX_SEQ_SENDERS_KEPT = 32
 MAX_RUN_IDS_KEPT = 50

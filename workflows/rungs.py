@@ -18,6 +18,7 @@ with workflow.unsafe.imports_passed_through():
         PATCH_AGENT_MISSING_TOP,
         PATCH_APP_AGENT_MISSING,
         PATCH_DRY_RUN_DENYLIST,
+        PATCH_FAILED_ACTION_NO_REPLACE,
         PATCH_KILL_IMPLICATED,
         PATCH_REBOOT_DOUBT,
         PATCH_REPLACE_THEN_DENY,
@@ -43,7 +44,19 @@ class RungActions(GuardClient):
                              f"{self._node_queue()} within {self.policy.validation.agent_timeout}")
                 return False
             self._record(rung.value, summary, False, cause(err))
+            self._action_failed = cause(err)
             return False
+
+    def _failed_action_stops(self, rung: Rung) -> str:
+        """Why a rung whose action could not be done ends the ladder ('' to climb on): replace and
+        the denylist are for hardware a rung tried and could not cure, never for a call that failed
+        (a cloud API refusing a reboot says nothing about the GPU). A failed reset still climbs to
+        reboot: a GPU that will not reset is the GPU's own answer, and a reboot is undone by booting."""
+        why, self._action_failed = self._action_failed, ""
+        if not why or rung.above() is not Rung.REPLACE or not self._fixed(PATCH_FAILED_ACTION_NO_REPLACE):
+            return ""
+        return (f"{rung.value} could not be done ({why}): no evidence about the hardware, so nothing is "
+                "replaced or denylisted: it stays quarantined for a person")
 
     def _agent_missing_stops(self, rung: Rung) -> str:
         """Why a missing agent ends the ladder after `rung` ('' where a reboot may still bring it back):

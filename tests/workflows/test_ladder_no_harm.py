@@ -175,6 +175,37 @@ async def test_late_lease_grant_is_not_taken(ts_env, uniq):
     assert fleet.drained_without_lease == [], "every drain under a lease the guard knows of"
 
 
+async def test_a_recurrence_not_from_the_nodes_agent_replaces_nothing(ts_env, uniq):
+    """Fixed by reboot, then in probation a report with an Xid from a `watcher` (anyone able to signal
+    can claim that): the rung above reboot is replace, which needs the node's own probes. It is
+    cordoned for a person instead (safety simulation, seed 117: it replaced and denylisted)."""
+    policy = default_policy()
+    policy.validation.soak = timedelta(seconds=1)
+    fleet = make_fleet(ts_env, uniq, policy)
+    n = fleet.add(FakeNode(f"watch-{uniq}", [event(79, "boot/1")], cured_by="reboot"))
+    async with fleet.workers():
+        handle = await fleet.report(n.name)
+        await wait_for(lambda: stage_is(handle, "probation"), timeout=30)
+        forged = n.report(healthy=False).model_copy(update={"source": "watcher", "seq": n.seq + 1,
+                                                             "findings": [event(79, "boot/2")]})
+        await fleet.send_raw(n.name, forged.model_dump(mode="json"))
+        result = await handle.result()
+    assert result.outcome == "quarantined" and "not its own agent" in result.reason, result
+    assert result.rungs == ["reboot"] and "cloud.replace" not in n.calls and fleet.denylist == {}
+
+
+async def test_an_application_fault_that_climbs_to_replace_denylists_no_board(ts_env, uniq):
+    """Xid 13 (an application's fault) on GPU 2, and nothing cures the node: the ladder climbs to
+    replace on failed validations, but an application fault names no faulty board, so nothing goes
+    on the permanent denylist (safety simulation, seed 120: GPU 2's ids were denylisted)."""
+    fleet = make_fleet(ts_env, uniq)
+    n = fleet.add(FakeNode(f"appall-{uniq}", [xid(13)], cured_by="none"))
+    result, status = await run_with_status(fleet, n)
+    assert result.outcome == "replaced" and result.rungs[-1] == "replace", result
+    assert fleet.denylist == {}
+    assert any(a.step == "denylist" and "nothing denylisted" in a.detail for a in status.actions)
+
+
 async def test_failed_replacement_denylists_nothing(ts_env, uniq):
     """The terminate did not take: the node stays quarantined for a person, and its hardware is not
     refused anywhere meanwhile (defect 13: the denylist was written first)."""
@@ -183,6 +214,20 @@ async def test_failed_replacement_denylists_nothing(ts_env, uniq):
     result, _ = await run_with_status(fleet, n)
     assert result.outcome == "quarantined" and "replacement failed" in result.reason
     assert fleet.denylist == {}
+
+
+async def test_a_reboot_the_cloud_refused_is_no_reason_to_replace(ts_env, uniq):
+    """The reboot call failed after its retries (the cloud API, not the node): no rung was tried, so
+    nothing is replaced or denylisted; the node stays quarantined for a person, with why (safety
+    simulation, seeds 62 and 65: it climbed to replace). A failed reset still climbs to reboot."""
+    fleet = make_fleet(ts_env, uniq)
+    n = fleet.add(FakeNode(f"norb-{uniq}", [xid(79)], cured_by="reboot", fail={"cloud.reboot"}))
+    result, status = await run_with_status(fleet, n)
+    assert result.outcome == "quarantined" and "reboot could not be done" in result.reason, result.reason
+    assert "cloud.replace" not in n.calls and fleet.denylist == {}
+    m = fleet.add(FakeNode(f"noreset-{uniq}", [xid(48)], cured_by="reboot", fail={"node.reset_gpu"}))
+    result, _ = await run_with_status(fleet, m)
+    assert result.outcome == "returned" and result.rungs == ["reset", "reboot"], result
 
 
 async def test_replacement_under_a_lifecycle_hook_is_replaced(ts_env, uniq):
