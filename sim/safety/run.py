@@ -113,6 +113,9 @@ async def _pending(env: WorkflowEnvironment, w: SafetyWorld) -> list[str]:
         last = hist.events[-1].event_type if hist.events else 0
         if last in (5, 6) or len(hist.events) > WEDGE_EVENTS:  # a workflow task never answered, or a hot loop
             out.append(f"WEDGED {wid}: last event {EventType.Name(last)} of {len(hist.events)}")
+            if DEBUG:
+                for ev in hist.events[-12:]:
+                    print(f"  {wid} #{ev.event_id} {EventType.Name(ev.event_type)} {str(ev)[:600]!r}", flush=True)
         acts = [f"{a.activity_type.name} attempt {a.attempt} {a.last_failure.message[:80]}" for a in d.pending_activities]
         task = d.pending_workflow_task
         out.append(f"{wid}: status {d.workflow_execution_info.status} history {d.workflow_execution_info.history_length}"
