@@ -88,18 +88,24 @@ def legacy_remediation_workflow_id(node: str) -> str:
     return f"remediate/{node}"
 
 
-def node_in_workflow_id(workflow_id: str, kind: str) -> str | None:
-    """The node that `kind/<cluster>/<node>` (or the legacy `kind/<node>`) names; None for another kind."""
-    prefix = f"{kind}/"
-    if not workflow_id.startswith(prefix) or len(workflow_id) == len(prefix):
+def _id_parts(workflow_id: str, kind: str) -> list[str] | None:
+    """`kind/<cluster>/<node>` or the legacy `kind/<node>`, every part non-empty; None for anything else."""
+    parts = workflow_id.split("/")
+    if parts[0] != kind or len(parts) not in (2, 3) or not all(parts):
         return None
-    return workflow_id[len(prefix):].rsplit("/", 1)[-1] or None
+    return parts[1:]
+
+
+def node_in_workflow_id(workflow_id: str, kind: str) -> str | None:
+    """The node that `kind/<cluster>/<node>` (or the legacy `kind/<node>`) names; None for any other id."""
+    parts = _id_parts(workflow_id, kind)
+    return parts[-1] if parts else None
 
 
 def cluster_in_workflow_id(workflow_id: str, kind: str) -> str | None:
-    """The cluster `kind/<cluster>/<node>` names; None for a legacy `kind/<node>` or another kind."""
-    parts = workflow_id.split("/")
-    return parts[1] if len(parts) == 3 and parts[0] == kind else None
+    """The cluster `kind/<cluster>/<node>` names; None for a legacy `kind/<node>` or any other id."""
+    parts = _id_parts(workflow_id, kind)
+    return parts[0] if parts and len(parts) == 2 else None
 
 
 def agent_queue_of(workflow_id: str, kind: str, node: str) -> str:

@@ -3,6 +3,8 @@ detector; and which id a node's episode runs under (the upgrade path from ids wi
 
 from __future__ import annotations
 
+import logging
+
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy
 from temporalio.service import RPCError, RPCStatusCode
@@ -19,6 +21,8 @@ from workflows.remediation_types import (
     Stage,
 )
 from workflows.report_intake import MAX_REPORT_FINDINGS, report_bounds_problem
+
+log = logging.getLogger(__name__)
 
 
 def fit_to_bounds(report: HealthReport) -> HealthReport:
@@ -45,24 +49,29 @@ class ReportTooLarge(ValueError):
 
 
 async def _legacy_status(client: Client, workflow_id: str) -> WorkflowExecutionStatus | None:
-    """The status of the newest run under an id, None when there is none."""
+    """The status of the newest run under an id; None when there is none or the server cannot say
+    (a describe refused or failed must not stop a report: the new id is the fallback)."""
     try:
         return (await client.get_workflow_handle(workflow_id).describe()).status
     except RPCError as err:
-        if err.status == RPCStatusCode.NOT_FOUND:
-            return None
-        raise
+        if err.status != RPCStatusCode.NOT_FOUND:
+            log.warning("describe %s failed (%s): taken as not running", workflow_id, err)
+        return None
 
 
 async def episode_id(client: Client, node: str, cluster: str) -> str:
     """The id a node's episode runs under: `remediate/<cluster>/<node>`, except where an episode
-    started before ids carried the cluster still runs under `remediate/<node>`. Reports and operator
-    commands go to it until it ends (a second episode beside it would act on the node twice); the
-    node's next spell starts under the new id."""
+    started before ids carried the cluster still runs under `remediate/<node>` and none runs under
+    the new id. Reports and operator commands go to it until it ends (a second episode beside it
+    would act on the node twice); the node's next spell starts under the new id. A running new-id
+    episode always wins: a legacy-id run started beside it cannot draw its reports away."""
+    current = remediation_workflow_id(node, cluster)
+    if await _legacy_status(client, current) == WorkflowExecutionStatus.RUNNING:
+        return current
     legacy = legacy_remediation_workflow_id(node)
     if await _legacy_status(client, legacy) == WorkflowExecutionStatus.RUNNING:
         return legacy
-    return remediation_workflow_id(node, cluster)
+    return current
 
 
 async def send_report(

@@ -164,6 +164,10 @@ class GuardClient(Episode):
             if self._fixed(PATCH_LEASE_REQUEST_IDS):
                 self.s.lease_requests += 1
                 self.s.lease_request_id = f"{self._episode()}/{self.s.lease_requests}"
+                if self._fixed(PATCH_GRANT_NEEDS_ID):
+                    # Not derivable from what `status` shows (the run ids): a grant must echo what the
+                    # guard was sent (workflow.uuid4 is replay-safe).
+                    self.s.lease_request_id += f"/{workflow.uuid4().hex[:12]}"
                 self.s.lease_requested = True  # before the signal: its grant may arrive while it is sent
             await self._signal_guard(GUARD_SIGNAL_REQUEST, self._lease_request(), started=self.s.guard_notified)
             self.s.lease_requested = True

@@ -37,7 +37,7 @@ with workflow.unsafe.imports_passed_through():
 # from its own agent, a node admitted before with that hardware is left alone, and a replace takes
 # approval and a disruption lease like any other (issue 22: 3).
 PATCH_ADMISSION_TRUSTED = "admission-trusted"
-# A node with a remediation episode running is a serving node under remediation, not a new one.
+# A node with a remediation episode running is not tainted or validated until that episode ends.
 PATCH_ADMISSION_NOT_BESIDE_EPISODE = "admission-not-beside-episode"
 
 
@@ -155,10 +155,8 @@ class NodeAdmission:
                                  f"check {node} is a GPU node of this cluster", c.NodeCheckResult)
         if not (found.exists and found.ours):
             return self._result(Outcome.REJECTED, f"rejected: {found.reason}", 0)
-        if self._beside_episode_check and (episode := await self._episode_running(node, cluster)):
-            # Its taint and validation would take a node out of service past the guard's count.
-            return self._result(Outcome.REJECTED, f"rejected: {episode} runs for {node}: a node under "
-                                "remediation is not a new node; nothing done", 0)
+        if self._beside_episode_check:
+            await self._wait_for_episode_end(node, cluster, p)
         summary = f"read {node}'s hardware ids from its own agent"
         try:
             hw = await call(c.NODE_HARDWARE_IDS, c.HardwareIdsRequest(node=node), c.HardwareIdsResult, summary=summary,
@@ -210,10 +208,26 @@ class NodeAdmission:
                              f"record {node}'s admission in the ledger")
         return self._result(Outcome.HEALTHY, "validated twice; admitted", passed)
 
+    async def _wait_for_episode_end(self, node: str, cluster: str, p: Policy) -> None:
+        """A remediation episode runs for the node (its first report raced the admission, or the node
+        served before gpuheal came): the unvalidated taint and the validation wait until it ends, so
+        the two never take the node out of service beside each other past the guard's count."""
+        every, waited = p.guard.holder_check_interval, False
+        while (episode := await self._episode_running(node, cluster)) is not None:
+            if not waited:
+                self._record("remediation", f"wait for {episode} to end before admitting {node}", True,
+                             "a node under remediation is neither tainted nor validated beside it")
+                waited = True
+            await workflow.sleep(every, summary=f"wait for {node}'s remediation to end")
+            every = min(every * 2, timedelta(hours=1))
+        if waited:
+            self._record("remediation", f"{node}'s remediation ended: admission goes on", True)
+
     async def _episode_running(self, node: str, cluster: str) -> str | None:
         ids = [c.remediation_workflow_id(node, cluster), c.legacy_remediation_workflow_id(node)]
-        found = await self._step(c.GUARD_RUNNING_HOLDERS, c.LiveHoldersRequest(holders=ids),
-                                 f"is a remediation of {node} running", c.LiveHoldersResult)
+        found = await call(c.GUARD_RUNNING_HOLDERS, c.LiveHoldersRequest(holders=ids), c.LiveHoldersResult,
+                           summary=f"is a remediation of {node} running", timeout=timedelta(minutes=2), attempts=10,
+                           max_interval=timedelta(seconds=30))
         return found.running[0] if found.running else None
 
     async def _replace_approved(self, node: str, p: Policy) -> bool:

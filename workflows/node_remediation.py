@@ -264,12 +264,18 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
     def _id_names_another_cluster(self) -> str | None:
         """`remediate/<cluster>/<node>` must name the controller's cluster: a sender naming another
         would start a second episode for the node beside its real one. An id from before ids carried
-        the cluster names none, so no recorded history reaches the refusal (no patch needed)."""
-        named = c.cluster_in_workflow_id(workflow.info().workflow_id, "remediate")
-        if named is None or not self._identity() or named == self.inp.cluster:
+        the cluster names none, so no recorded history reaches the refusal (no patch needed); nor
+        does an id of another shape (every recorded id is `remediate/<node>`), which is refused."""
+        wid = workflow.info().workflow_id
+        if not self._identity():
+            return None
+        if c.node_in_workflow_id(wid, "remediate") is None:
+            return f"the episode id {wid[:200]!r} is not remediate/<cluster>/<node>"
+        named = c.cluster_in_workflow_id(wid, "remediate")
+        if named is None or named == self.inp.cluster:
             return None
         return (f"the episode id names cluster {named}, the controller serves {self.inp.cluster}: a report "
-                f"for {self.node} goes to {c.remediation_workflow_id(self.node, self.inp.cluster)}")
+                f"for {self.node} goes to remediate/{self.inp.cluster}/{self.node}")
 
     async def _take_controller_policy(self) -> None:
         """The controller's policy, once per episode (a continued run carries it): the sender's

@@ -30,6 +30,24 @@ def test_ids_name_cluster_and_node_and_refuse_a_slash():
     assert c.node_in_workflow_id("admit/east/gpu-1", "remediate") is None
     with pytest.raises(ValueError, match="without '/'"):
         remediation_workflow_id("gpu-1", "a/b")
+    for odd in ("remediate/a/b/gpu-1", "remediate/east/", "remediate//gpu-1", "remediate/", "remediate"):
+        assert c.node_in_workflow_id(odd, "remediate") is None and c.cluster_in_workflow_id(odd, "remediate") is None
+
+
+@pytest.mark.parametrize("shape", ["remediate/{c}/x/{n}", "remediate/{c}/", "remediate//{n}"])
+async def test_an_id_of_another_shape_acts_on_nothing(ts_env, uniq, shape):
+    """Empty parts or more slashes: no node the id names, so no node to act on (the start input's
+    node is a sender's word)."""
+    fleet = make_fleet(ts_env, uniq)
+    n = fleet.add(FakeNode(f"shape-{uniq}", [xid(48)], cured_by="reset"))
+    async with fleet.workers():
+        handle = await ts_env.client.start_workflow(
+            NodeRemediation.run, RemediationInput(node=n.name, cluster=fleet.cluster),
+            id=shape.format(c=fleet.cluster, n=n.name), task_queue=fleet.task_queue, result_type=RemediationResult,
+            start_signal="report", start_signal_args=[n.report().model_dump(mode="json")])
+        result = await handle.result()
+    assert result.outcome == "rejected" and "is not remediate/<cluster>/<node>" in result.reason, result
+    assert n.calls == []
 
 
 async def test_two_clusters_with_one_node_name_get_two_episodes(ts_env, uniq):
