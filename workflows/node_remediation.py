@@ -23,6 +23,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.remediation_steps import RemediationSteps
     from workflows.remediation_types import (
         PATCH_APPROVE_RUNG,
+        PATCH_CLOSE_BARRIER,
         PATCH_FIRST_REPORT_DEADLINE,
         PATCH_KILL_IMPLICATED,
         PATCH_LEASE_BACKOFF,
@@ -441,6 +442,13 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
                 "node's own probes; cordoned for a person")
         self._set_stage(Stage.LADDER)
 
+    async def _commit_side_effects(self) -> None:
+        """A durable timer before the run ends or continues as new: the local activities run so far
+        are recorded in a task that does not end the run, so a signal arriving meanwhile (a guard's
+        answer to one of them) cannot fail the ending task and have them run again."""
+        if self._fixed(PATCH_CLOSE_BARRIER) and self._local_cluster_calls():
+            await workflow.sleep(timedelta(seconds=1), summary=f"record {self.node}'s last steps")
+
     async def _close_episode(self) -> None:
         await self._tell_guard_the_ending()
         if self.s.triage is not None and self.s.triage.actionable and self.s.outcome is not Outcome.REJECTED:
@@ -453,11 +461,13 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
                 **(outcome_fields(self.s, self.inp.generation.value, workflow.now())
                    if workflow.patched(PATCH_OUTCOME_LEDGER) else {})), None,
                 f"record {self.node}'s episode in the ledger")
+        await self._commit_side_effects()
 
     async def _continue_as_new_if_due(self) -> None:
         info = workflow.info()
         limit = self.inp.history_limit
         if info.is_continue_as_new_suggested() or (limit and info.get_current_history_length() > limit):
+            await self._commit_side_effects()
             await workflow.wait_condition(workflow.all_handlers_finished)
             workflow.continue_as_new(self.inp.model_copy(update={"state": self.s, "policy": self.policy}))
 

@@ -91,7 +91,11 @@ PATCH_REPLACE_ON_AGENT_RECURRENCE = "replace-on-agent-recurrence"
 # Only a platform finding implicates hardware: an application fault's GPU (Xid 13) is where a job
 # failed, not a faulty board, and the denylist is permanent.
 PATCH_IMPLICATE_PLATFORM_ONLY = "implicate-platform-findings-only"
-ISSUE22_REDTEAM_PATCHES = (PATCH_CHECK_REPORT_BOOT, PATCH_PAUSE_BEFORE_DRAIN, PATCH_REBOOT_DOUBT,
+# Local activities' markers are committed before the run ends or continues as new: a guard's answer
+# arriving meanwhile failed the closing task (UNHANDLED_COMMAND), the retry ran the local activities
+# again, their signals drew another answer, and so on for ever (safety simulation, seed 35).
+PATCH_CLOSE_BARRIER = "commit-before-close"
+ISSUE22_REDTEAM_PATCHES = (PATCH_CLOSE_BARRIER, PATCH_CHECK_REPORT_BOOT, PATCH_PAUSE_BEFORE_DRAIN, PATCH_REBOOT_DOUBT,
                            PATCH_FIRST_REPORT_DEADLINE, PATCH_GRANT_NEEDS_ID, PATCH_FAILED_ACTION_NO_REPLACE,
                            PATCH_REPLACE_ON_AGENT_RECURRENCE, PATCH_IMPLICATE_PLATFORM_ONLY)
 MAX_ACTIONS_KEPT = 200

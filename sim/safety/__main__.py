@@ -38,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
                 failing.append(o)
                 for inv, what in o.violations:
                     print(f"seed {o.seed}: VIOLATION {inv}: {what}", flush=True)
+            if o.stalled and os.environ.get("SAFETY_DEBUG"):
+                for line in o.stall:
+                    print(f"seed {o.seed}: stalled: {line}", flush=True)
         print(f"{totals['schedules']}/{len(seeds)} schedules, {len(failing)} with violations, "
               f"{totals['stalled']} stalled, {time.monotonic() - started:.0f}s", file=sys.stderr, flush=True)
 

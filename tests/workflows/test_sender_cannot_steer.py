@@ -175,3 +175,22 @@ async def test_an_episode_started_by_a_rejected_report_ends_rejected_not_wedged(
         result = await handle.result()
     assert result.outcome == "rejected" and "no valid report" in result.reason, result
     assert n.calls == [], "nothing was done to the node"
+
+
+async def test_the_ending_task_runs_no_local_activity(ts_env, uniq):
+    """The guard's signals and the ledger record are local activities: run in the task that ends the
+    run, a guard's answer arriving meanwhile fails that task (UNHANDLED_COMMAND), the retry runs them
+    again, they draw another answer, and so on for ever (safety simulation, seed 35: 1,200 failed
+    tasks). Since commit-before-close their markers are recorded in a task of their own."""
+    from temporalio.api.enums.v1 import EventType
+
+    fleet = make_fleet(ts_env, uniq, default_policy())
+    n = fleet.add(FakeNode(f"close-{uniq}", [xid(48)], cured_by="reset"))
+    async with fleet.workers():
+        handle = await fleet.report(n.name)
+        await handle.result()
+        events = [e.event_type async for e in handle.fetch_history_events()]
+    last_task = max(i for i, t in enumerate(events) if t == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED)
+    assert events[-1] == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED
+    assert EventType.EVENT_TYPE_MARKER_RECORDED not in events[last_task:], \
+        [EventType.Name(t) for t in events[last_task:]]
