@@ -48,9 +48,9 @@ class RungActions(GuardClient):
             return False
 
     def _failed_action_stops(self, rung: Rung) -> str:
-        """Why a rung whose action could not be done ends the ladder ('' to climb on): replace and
-        the denylist are for hardware a rung tried and could not cure, never for a call that failed
-        (a cloud API refusing a reboot says nothing about the GPU). A failed reset still climbs to
+        """Why a rung whose action, or whose validation, could not be done ends the ladder ('' to
+        climb on): replace and the denylist are for hardware a rung tried and could not cure, never
+        for a call that failed (a cloud API refusing a reboot says nothing about the GPU). A failed reset still climbs to
         reboot: a GPU that will not reset is the GPU's own answer, and a reboot is undone by booting."""
         why, self._action_failed = self._action_failed, ""
         if not why or rung.above() is not Rung.REPLACE or not self._fixed(PATCH_FAILED_ACTION_NO_REPLACE):
@@ -227,4 +227,8 @@ class RungActions(GuardClient):
             self.s.agent_missing = True
             return False
         self.s.validations += passed
+        last = next((a for a in reversed(self.s.actions) if a.step == "validate"), None)
+        if passed < 2 and last is not None and last.detail.startswith("could not run"):
+            # A validation that could not run found nothing wrong with the node either.
+            self._action_failed = f"validation {last.detail}"
         return passed == 2

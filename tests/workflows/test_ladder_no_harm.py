@@ -225,6 +225,10 @@ async def test_a_reboot_the_cloud_refused_is_no_reason_to_replace(ts_env, uniq):
     result, status = await run_with_status(fleet, n)
     assert result.outcome == "quarantined" and "reboot could not be done" in result.reason, result.reason
     assert "cloud.replace" not in n.calls and fleet.denylist == {}
+    v = fleet.add(FakeNode(f"noval-{uniq}", [xid(79)], cured_by="none", fail={"node.validate"}))
+    result, _ = await run_with_status(fleet, v)  # the reboot went out; its validation could not run
+    assert result.outcome == "quarantined" and "validation could not run" in result.reason, result.reason
+    assert "cloud.replace" not in v.calls
     m = fleet.add(FakeNode(f"noreset-{uniq}", [xid(48)], cured_by="reboot", fail={"node.reset_gpu"}))
     result, _ = await run_with_status(fleet, m)
     assert result.outcome == "returned" and result.rungs == ["reset", "reboot"], result
