@@ -48,7 +48,7 @@ class ReportTooLarge(ValueError):
     """A report over its bounds is refused before it is sent (the workflow would reject it too)."""
 
 
-async def _legacy_status(client: Client, workflow_id: str) -> WorkflowExecutionStatus | None:
+async def _run_status(client: Client, workflow_id: str) -> WorkflowExecutionStatus | None:
     """The status of the newest run under an id; None when there is none or the server cannot say
     (a describe refused or failed must not stop a report: the new id is the fallback)."""
     try:
@@ -66,10 +66,10 @@ async def episode_id(client: Client, node: str, cluster: str) -> str:
     would act on the node twice); the node's next spell starts under the new id. A running new-id
     episode always wins: a legacy-id run started beside it cannot draw its reports away."""
     current = remediation_workflow_id(node, cluster)
-    if await _legacy_status(client, current) == WorkflowExecutionStatus.RUNNING:
+    if await _run_status(client, current) == WorkflowExecutionStatus.RUNNING:
         return current
     legacy = legacy_remediation_workflow_id(node)
-    if await _legacy_status(client, legacy) == WorkflowExecutionStatus.RUNNING:
+    if await _run_status(client, legacy) == WorkflowExecutionStatus.RUNNING:
         return legacy
     return current
 
@@ -119,7 +119,7 @@ async def start_admission(client: Client, *, node: str, hardware_ids: list[str],
     from activities.contracts import admission_workflow_id, legacy_admission_workflow_id
     from workflows.node_admission import AdmissionInput, NodeAdmission
 
-    if await _legacy_status(client, legacy_admission_workflow_id(node)) is not None:
+    if await _run_status(client, legacy_admission_workflow_id(node)) is not None:
         return False  # admitted (or being admitted) before the upgrade: once is enough
     try:
         await client.start_workflow(

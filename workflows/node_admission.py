@@ -26,11 +26,7 @@ with workflow.unsafe.imports_passed_through():
         LeaseRelease,
         LeaseRequest,
     )
-    from workflows.remediation_types import (
-        PATCH_NODE_PROFILES,
-        ActionRecord,
-        Outcome,
-    )
+    from workflows.remediation_types import PATCH_NODE_PROFILES, ActionRecord, Outcome
     from workflows.validation import PATCH_LOAD_VALIDATION, validate_twice
 
 # workflow.patched id: the node is the workflow id's and must exist and be ours, its hardware ids come
@@ -114,12 +110,13 @@ class NodeAdmission:
             # Observe mode never cordons: the node is validated and its baseline recorded, untainted.
             inp = self.inp = inp.model_copy(update={"policy": inp.policy.model_copy(update={"dry_run": True})})
         if trusted_admission:
+            served = cluster or "default"
             named = c.cluster_in_workflow_id(workflow.info().workflow_id, "admit")
-            if named is not None and named != (cluster or "default"):
+            if named is not None and named != served:
                 # A second admission of the node beside its real one; legacy ids name no cluster.
                 return self._result(Outcome.REJECTED, f"rejected: the admission id names cluster {named}, the "
-                                    f"controller serves {cluster or 'default'}", 0)
-            return await self._admit(inp, cluster or "default", profiles, load)
+                                    f"controller serves {served}", 0)
+            return await self._admit(inp, served, profiles, load)
         await self._step(c.KUBE_QUARANTINE, c.QuarantineRequest(
             node=inp.node, fault_class="unvalidated", reason="new node: validation pending",
             taint_key=c.UNVALIDATED_TAINT, dry_run=inp.policy.dry_run), f"taint {inp.node} unvalidated")

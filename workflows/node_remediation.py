@@ -262,11 +262,12 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
             self._finish(Outcome.REJECTED, f"rejected: no valid report for {self.node} within {timeout} of the "
                                            f"start ({self.s.rejected_total} rejected{last}); nothing done")
 
-    def _id_names_another_cluster(self) -> str | None:
-        """`remediate/<cluster>/<node>` must name the controller's cluster: a sender naming another
-        would start a second episode for the node beside its real one. An id from before ids carried
-        the cluster names none, so no recorded history reaches the refusal (no patch needed); nor
-        does an id of another shape (every recorded id is `remediate/<node>`), which is refused."""
+    def _id_refused(self) -> str | None:
+        """Why the id is no episode of this controller's (None: it is). `remediate/<cluster>/<node>`
+        must name the controller's cluster: a sender naming another would start a second episode for
+        the node beside its real one. An id from before ids carried the cluster names none, so no
+        recorded history reaches the refusal (no patch needed); nor does an id of another shape
+        (every recorded id is `remediate/<node>`), which is refused."""
         wid = workflow.info().workflow_id
         if not self._identity():
             return None
@@ -308,7 +309,7 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
 
     async def _triage(self) -> None:
         report = self.s.latest
-        if (why := self._id_names_another_cluster()) is not None:
+        if (why := self._id_refused()) is not None:
             return self._finish(Outcome.REJECTED, f"rejected: {why}")
         if self._no_harm() and not await self._node_is_ours():
             return

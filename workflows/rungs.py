@@ -24,7 +24,13 @@ with workflow.unsafe.imports_passed_through():
         PATCH_REPLACE_THEN_DENY,
         Outcome,
     )
-    from workflows.validation import PATCH_LOAD_VALIDATION, AgentMissing, validate_once, validate_twice
+    from workflows.validation import (
+        COULD_NOT_RUN,
+        PATCH_LOAD_VALIDATION,
+        AgentMissing,
+        validate_once,
+        validate_twice,
+    )
 
 
 class RungActions(GuardClient):
@@ -50,8 +56,9 @@ class RungActions(GuardClient):
     def _failed_action_stops(self, rung: Rung) -> str:
         """Why a rung whose action, or whose validation, could not be done ends the ladder ('' to
         climb on): replace and the denylist are for hardware a rung tried and could not cure, never
-        for a call that failed (a cloud API refusing a reboot says nothing about the GPU). A failed reset still climbs to
-        reboot: a GPU that will not reset is the GPU's own answer, and a reboot is undone by booting."""
+        for a call that failed (a cloud API refusing a reboot says nothing about the GPU). A failed
+        reset still climbs to reboot: a GPU that will not reset is the GPU's own answer, and a
+        reboot is undone by booting."""
         why, self._action_failed = self._action_failed, ""
         if not why or rung.above() is not Rung.REPLACE or not self._fixed(PATCH_FAILED_ACTION_NO_REPLACE):
             return ""
@@ -228,7 +235,7 @@ class RungActions(GuardClient):
             return False
         self.s.validations += passed
         last = next((a for a in reversed(self.s.actions) if a.step == "validate"), None)
-        if passed < 2 and last is not None and last.detail.startswith("could not run"):
+        if passed < 2 and last is not None and last.detail.startswith(COULD_NOT_RUN):
             # A validation that could not run found nothing wrong with the node either.
             self._action_failed = f"validation {last.detail}"
         return passed == 2

@@ -25,6 +25,10 @@ class AgentMissing(Exception):
     """No agent picked a node-local task up within its schedule-to-start timeout."""
 
 
+# How a validation whose activity failed is recorded: it found nothing about the node (rungs.py reads it).
+COULD_NOT_RUN = "could not run"
+
+
 async def validate_once(node: str, policy: ValidationPolicy, expected_gpus: int | None, label: str,
                         record: Recorder, dry_run: bool = False, strict_agent: bool = False,
                         tier: str | None = None, found: list | None = None, *, queue: str) -> bool:
@@ -58,7 +62,7 @@ async def validate_once(node: str, policy: ValidationPolicy, expected_gpus: int 
             record("validate", summary, False, f"agent_missing: no agent polled {queue} "
                                                f"within {policy.agent_timeout}")
             raise AgentMissing(node) from None
-        record("validate", summary, False, f"could not run: {err.cause or err}")
+        record("validate", summary, False, f"{COULD_NOT_RUN}: {err.cause or err}")
         return False
     if found is not None:
         found += result.findings
