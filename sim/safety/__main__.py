@@ -34,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
             totals["schedules"] += 1
             totals["stalled"] += o.stalled
             totals["effects"] += o.effects
+            totals["reruns"] += o.reruns
             if o.violations:
                 failing.append(o)
                 for inv, what in o.violations:
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     asyncio.run(run_schedules(seeds, a.batch, a.mutant, on_batch))
     by_inv = collections.Counter(inv for o in failing for inv, _ in {*o.violations})
     print(f"{totals['schedules']} schedules ({seeds[0]}..{seeds[-1]}), {totals['effects']} effects recorded, "
-          f"{len(failing)} with violations {dict(by_inv)}, {totals['stalled']} stalled, "
+          f"{len(failing)} with violations {dict(by_inv)}, {totals['stalled']} stalled, {totals['reruns']} re-runs, "
           f"{time.monotonic() - started:.0f}s{f', mutant {a.mutant}' if a.mutant else ''}")
     if failing:
         print("replay one with: make safety SEED=<seed>" + (f" MUTANT={a.mutant}" if a.mutant else ""))

@@ -123,6 +123,10 @@ def schedule_policy(rng: random.Random) -> Policy:
     policy.validation.soak = timedelta(minutes=rng.choice([1, 10]))
     policy.probation = timedelta(minutes=rng.choice([10, 30]))
     policy.repeat_offender.threshold = rng.choice([2, 3])
+    # Seconds, not minutes: a node-local activity waiting on a stopped agent's queue holds the
+    # time-skipping server's clock (it then runs at wall pace) for every schedule on the server
+    # until its schedule-to-start timeout fires. Not drawn, so every seed names the schedule it did.
+    policy.validation.agent_timeout = timedelta(seconds=5)
     jitter(policy, rng)
     return policy
 

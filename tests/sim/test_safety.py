@@ -29,16 +29,15 @@ def _report(outcomes) -> str:
     return "\n".join(lines[:60])
 
 
-# Not yet a CI gate: over seeds 1..300 it still finds violations (listed with their seeds in the
-# README's safety-simulation section and the note), and schedules that stop the
-# time-skipping server's clock cost most of its 12 minutes. `make safety-ci` runs it; it joins
-# `make test` once it is green.
-@pytest.mark.skipif(not os.environ.get("SAFETY_CI"), reason="not yet green: `make safety-ci` runs the 300 schedules")
+# CI's gate: every schedule checked (none left stalled) and no invariant broken. A schedule cut
+# short by the test server's own wedge (sdk-java#3088) is run again; the count is printed.
 @pytest.mark.timeout(1800)
 async def test_no_violation_over_ci_schedules():
     out = await run_schedules(list(range(1, CI_SCHEDULES + 1)), batch=30)
     assert len(out) == CI_SCHEDULES
     bad = [o for o in out if o.violations or o.stalled]
+    print(f"safety simulation: {CI_SCHEDULES} schedules, {sum(o.effects for o in out)} side effects checked, "
+          f"{len(bad)} failing, {sum(o.reruns for o in out)} re-runs")
     assert not bad, f"{len(bad)} of {CI_SCHEDULES} schedules failed (replay: make safety SEED=n):\n{_report(bad)}"
 
 
