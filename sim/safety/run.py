@@ -9,6 +9,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
+from datetime import UTC
 
 from temporalio.api.enums.v1 import EventType
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -118,7 +119,9 @@ async def _pending(env: WorkflowEnvironment, w: SafetyWorld) -> list[str]:
                        f"out (temporalio/sdk-java#3088: the test server refused a CancelTimer for a timer that "
                        f"fired during the task)")
         elif last in (5, 6) or len(hist.events) > WEDGE_EVENTS:  # a task never answered, or a hot loop
-            out.append(f"WEDGED {wid}: last event {EventType.Name(last)} of {len(hist.events)}")
+            age = (await env.get_current_time() - hist.events[-1].event_time.ToDatetime(tzinfo=UTC))
+            out.append(f"WEDGED {wid}: last event {EventType.Name(last)} of {len(hist.events)}, "
+                       f"{age.total_seconds():.0f}s before")
             if DEBUG:
                 for ev in hist.events[-12:]:
                     print(f"  {wid} #{ev.event_id} {EventType.Name(ev.event_type)} {str(ev)[:600]!r}", flush=True)

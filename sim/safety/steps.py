@@ -85,12 +85,6 @@ async def _slow(w, step, n) -> None:
     w.note("slow", "")
 
 
-async def _controller_restart(w, step, n) -> None:
-    await w.stop_controller()
-    w.start_controller()
-    w.note("controller_restart", "")
-
-
 def _episode(w, node: str):
     return w.client.get_workflow_handle(c.remediation_workflow_id(node, w.cluster))
 
@@ -261,7 +255,7 @@ async def _gone(w, step, n):
 _ACTIONS = {
     "fault": _fault, "resend": _resend, "agent_stop": _agent_stop, "agent_start": _agent_start,
     "reboot_lost": _reboot_lost, "kube_fail": _kube_fail, "cloud_fail": _cloud_fail, "slow": _slow,
-    "controller_restart": _controller_restart, "pause": _pause, "resume": _resume, "approve": _approve, "skip": _skip,
+    "pause": _pause, "resume": _resume, "approve": _approve, "skip": _skip,
     "cancel": _cancel, "force": _force, "spoof_foreign": _spoof_foreign, "spoof_cluster": _spoof_cluster,
     "spoof_id": _spoof_id, "spoof_seq": _spoof_seq, "spoof_boot": _spoof_boot, "spoof_hw": _spoof_hw,
     "spoof_nested": _spoof_nested, "spoof_history": _spoof_history, "spoof_admission": _spoof_admission,

@@ -101,7 +101,6 @@ class SafetyWorld(FakeFleet):
         self.errors: list[str] = []
         self.watcher_seq = 0
         self.policy_asked = 0
-        self.restarts = any(s.kind == "controller_restart" for s in sched.steps)
         self.guard_msgs: list[c.GuardSignalRequest] = []
         self.denylist[OLD_DENIED] = "replaced long ago"
         for spec in sched.nodes:
@@ -328,10 +327,7 @@ class SafetyWorld(FakeFleet):
         w = Worker(self.client, task_queue=queue, workflows=WORKFLOWS if controller else [],
                    activities=self.activities(), workflow_runner=UnsandboxedWorkflowRunner(),
                    max_concurrent_activity_task_polls=2 if controller else 1,
-                   max_concurrent_workflow_task_polls=2,
-                   # A worker stopped with workflows cached leaves their next task on its sticky
-                   # queue, and the time-skipping server's clock waits on that task for good.
-                   max_cached_workflows=0 if controller and self.restarts else 1000)
+                   max_concurrent_workflow_task_polls=2)
         return w, asyncio.create_task(w.run())
 
     def start_controller(self) -> None:
