@@ -9,7 +9,6 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
-from datetime import UTC
 
 from temporalio.api.enums.v1 import EventType
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -108,7 +107,7 @@ async def _pending(env: WorkflowEnvironment, w: SafetyWorld) -> list[str]:
            *(remediation_workflow_id(f"not-{n}", w.cluster) for n in names),
            *(remediation_workflow_id(n, f"other-{w.sched.seed}") for n in names),
            *(admission_workflow_id(n, w.cluster) for n in names)]
-    out = []
+    out, now = [], await env.get_current_time()
     for wid in ids:
         try:
             d = (await env.client.get_workflow_handle(wid).describe()).raw_description
@@ -116,12 +115,12 @@ async def _pending(env: WorkflowEnvironment, w: SafetyWorld) -> list[str]:
             continue
         hist = await env.client.get_workflow_handle(wid).fetch_history()
         last = hist.events[-1].event_type if hist.events else 0
-        if _server_wedge(hist.events, await env.get_current_time()):
+        if _server_wedge(hist.events, now):
             out.append(f"SERVER_WEDGE {wid}: a workflow task started at event {len(hist.events)} was never timed "
                        f"out (temporalio/sdk-java#3088: the test server refused a CancelTimer for a timer that "
                        f"fired during the task)")
         elif last in (5, 6) or len(hist.events) > WEDGE_EVENTS:  # a task never answered, or a hot loop
-            age = (await env.get_current_time() - hist.events[-1].event_time.ToDatetime(tzinfo=UTC))
+            age = now - hist.events[-1].event_time.ToDatetime(tzinfo=now.tzinfo)
             out.append(f"WEDGED {wid}: last event {EventType.Name(last)} of {len(hist.events)}, "
                        f"{age.total_seconds():.0f}s before")
             if DEBUG:
@@ -172,18 +171,17 @@ async def run_schedules(seeds: list[int], batch: int = 30, mutant: str | None = 
             done = []
             culprit = any(line.startswith(("WEDGED", "SERVER_WEDGE")) for o in ran for line in o.stall)
             for o in ran:
-                own = any(line.startswith("SERVER_WEDGE") for line in o.stall)
-                for line in o.stall:
-                    if line.startswith("SERVER_WEDGE"):
-                        print(f"seed {o.seed}: run again: {line}", file=sys.stderr, flush=True)
-                tries[o.seed] += own or not culprit  # held up by another's wedge is no try of its own
-                if own:
+                server_wedged = [line for line in o.stall if line.startswith("SERVER_WEDGE")]
+                for line in server_wedged:
+                    print(f"seed {o.seed}: run again: {line}", file=sys.stderr, flush=True)
+                tries[o.seed] += bool(server_wedged) or not culprit  # held up by another's wedge is no try of its own
+                if server_wedged:
                     alone.add(o.seed)
                 wedged = [line for line in o.stall if line.startswith("WEDGED")]
                 if wedged:  # its own workflow locked the clock: a workflow that never settles
                     o.violations, o.stalled = [("liveness", line.removeprefix("WEDGED ")) for line in wedged], False
                 if o.stalled and tries[o.seed] < 4:
-                    queue.append(o.seed)  # held up by another schedule's wedged workflow: run again
+                    queue.append(o.seed)  # the server's wedge, or held up by another schedule's: run again
                     runs[o.seed] += 1
                 else:
                     o.reruns = runs[o.seed]
