@@ -8,6 +8,7 @@ is reconciled with the running episodes and the nodes' taints on every holder ch
 from __future__ import annotations
 
 import asyncio
+from datetime import datetime, timedelta
 
 from temporalio import workflow
 from temporalio.exceptions import FailureError
@@ -27,6 +28,7 @@ with workflow.unsafe.imports_passed_through():
         PATCH_GUARD_NEVER_WEDGED,
         PATCH_GUARD_PAGED_CHECK,
         PATCH_GUARD_REGRANT_WAITS,
+        PATCH_GUARD_STEADY_RECHECK,
         PATCH_GUARD_UPGRADE,
         GateRelease,
         GuardInput,
@@ -65,6 +67,8 @@ class FleetGuard(GuardBooks):
         self._idle_recheck = workflow.patched(PATCH_GUARD_IDLE_RECHECK)
         self._paged = workflow.patched(PATCH_GUARD_PAGED_CHECK)
         self._regrant_waits = workflow.patched(PATCH_GUARD_REGRANT_WAITS)
+        self._steady_recheck = workflow.patched(PATCH_GUARD_STEADY_RECHECK)
+        self._rechecks: list[tuple[datetime, asyncio.Task]] = []  # re-check timers still to fire, by due time
         self._holder_check = None
         self._upgrade = False
 
@@ -205,6 +209,10 @@ class FleetGuard(GuardBooks):
             if self._upgrade or workflow.info().is_continue_as_new_suggested():
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(GuardInput(cluster=inp.cluster, policy=self.policy, state=self.s))
+            if self._steady_recheck:
+                self._arm_recheck()
+                await workflow.wait_condition(lambda: self._wake or (bool(self._regrant) and self._may_grant()))
+                continue
             try:
                 await workflow.wait_condition(
                     lambda: self._wake or (bool(self._regrant) and self._may_grant()), timeout=self._next_deadline(),
@@ -212,6 +220,20 @@ class FleetGuard(GuardBooks):
                 )
             except TimeoutError:
                 pass
+
+    def _arm_recheck(self) -> None:
+        """A timer for the next deadline, unless one already fires by then. None is ever cancelled:
+        one due later than needed stays and wakes the loop once more, for nothing to do."""
+        wait = self._next_deadline()
+        due = workflow.now() + wait
+        self._rechecks = [(at, t) for at, t in self._rechecks if not t.done()]
+        if any(at <= due for at, _ in self._rechecks):
+            return
+        self._rechecks.append((due, asyncio.create_task(self._recheck_after(wait))))
+
+    async def _recheck_after(self, wait: timedelta) -> None:
+        await workflow.sleep(wait, summary="re-check breaker and lease holders")
+        self._wake = True
 
     def _waiter_reason(self) -> str:
         if self.s.paused and not self._forced():

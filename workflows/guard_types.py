@@ -20,6 +20,11 @@ PATCH_GUARD_PAGED_CHECK = "guard-paged-holder-check"
 # workflow.patched id: a re-grant held back while the guard learns its holders waits for the learning
 # to end instead of waking the loop at once (a loop that spun inside one workflow task: a wedge).
 PATCH_GUARD_REGRANT_WAITS = "guard-regrant-waits"
+# workflow.patched id: the re-check timer is left to fire, not cancelled and restarted on every
+# message (a message is a wake, not a new deadline). A refused CancelTimer for a timer that fired
+# during the task wedges the time-skipping test server (temporalio/sdk-java#3088), and two events
+# per message were spent on it.
+PATCH_GUARD_STEADY_RECHECK = "guard-steady-recheck"
 # workflow.patched id: a guard run started before guard-never-wedged continues as new when the
 # controller asks (the `upgrade` update, sent at controller start), so it meets the new behaviour
 # (issue 22: 11).

@@ -187,3 +187,33 @@ async def test_an_operator_lifts_a_gate_for_one_lease(dev_env, uniq):
 
 async def _async(value):
     return value
+
+
+async def test_messages_wake_the_guard_without_cancelling_its_recheck_timer(dev_env, uniq):
+    """A message is a wake, not a new deadline (guard-steady-recheck): the re-check timer is left to
+    fire. A CancelTimer for a timer that fired during the task wedges the time-skipping server
+    (sdk-java#3088), and each message used to cost two timer events."""
+    from workflows.lease import GUARD_SIGNAL_RELEASE, LeaseRelease
+
+    policy = quick_policy()
+    policy.guard.max_disruptive = 1
+    fleet = fleet_of(dev_env, uniq, policy)
+    nodes = [fleet.add(FakeNode(f"t{i}-{uniq}", [xid(48)], cured_by="reset")) for i in range(3)]
+    guard = dev_env.client.get_workflow_handle(guard_workflow_id(fleet.cluster))
+    async with fleet.workers():
+        handles = await asyncio.gather(*(fleet.report(n.name) for n in nodes))
+        await wait_for(lambda: _async(any("kube.drain" in n.calls for n in nodes)), timeout=15)  # a lease: a guard
+        for i in range(20):  # releases from holders it never had: handled, nothing changes
+            await guard.signal(GUARD_SIGNAL_RELEASE, LeaseRelease(holder=f"remediate/{fleet.cluster}/ghost-{i}"))
+            await asyncio.sleep(0.05)
+        results = await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), 60)
+        await asyncio.sleep(1.5)  # past holder_check_interval: the timer fires on its own
+        history = await guard.fetch_history()
+    assert all(r.outcome == "returned" for r in results), [r.outcome for r in results]
+    kinds = [e.WhichOneof("attributes") for e in history.events]
+    signals = kinds.count("workflow_execution_signaled_event_attributes")
+    assert signals >= 26, f"only {signals} messages reached the guard"
+    assert "timer_canceled_event_attributes" not in kinds, "a message cancelled the re-check timer"
+    assert kinds.count("timer_fired_event_attributes") >= 1, "the re-check timer never fired"
+    started = kinds.count("timer_started_event_attributes")
+    assert started < signals / 2, f"{started} timers for {signals} messages: one per message again"

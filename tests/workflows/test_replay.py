@@ -31,6 +31,12 @@ def recorded_id(doc: dict, prefix: str, field: str) -> str:
     code may key on it, as a lease request id does, so the replay runs under the same id."""
     import base64
 
+    for event in doc["events"]:  # a grant names its holder: the id itself, whichever form it had
+        signal = event.get("workflowExecutionSignaledEventAttributes") or {}
+        for p in (signal.get("input") or {}).get("payloads") or []:
+            holder = json.loads(base64.b64decode(p.get("data", "")) or "{}")
+            if isinstance(holder, dict) and str(holder.get("holder", "")).startswith(f"{prefix}/"):
+                return holder["holder"]
     start = doc["events"][0]["workflowExecutionStartedEventAttributes"]
     payload = (start.get("input") or {}).get("payloads") or [{}]
     value = json.loads(base64.b64decode(payload[0].get("data", "")) or "{}").get(field) if payload[0] else None
