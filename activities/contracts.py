@@ -360,6 +360,10 @@ class InterruptedPod(BaseModel):
     how: str = Field(default="marked", description="marked (the fault's pods) or evicted (by the drain).")
 
 
+# The phase for the time between a return to service and a recurrence: not time out of service.
+IN_SERVICE = "in service"
+
+
 class RemediationRecord(BaseModel):
     node: str
     episode: str = Field(description="workflow id / first run id: the record's idempotency key.")

@@ -12,7 +12,6 @@ from collections import Counter, defaultdict
 from datetime import datetime, timedelta
 
 from activities import contracts as c
-from workflows.outcome import IN_SERVICE
 
 REPEAT_WINDOWS_D = (7, 30)
 GROUPS = {"fault": lambda r: r.fault_class or "none", "profile": lambda r: r.profile or "none",
@@ -22,7 +21,7 @@ GROUPS = {"fault": lambda r: r.fault_class or "none", "profile": lambda r: r.pro
 def _lost_by_phase(r: c.RemediationRecord) -> dict[str, float]:
     """The node's out-of-service seconds by phase: the phases scaled to the time it was out."""
     out = r.out_of_service_s or 0.0
-    phases = {p: s for p, s in r.phases.items() if p != IN_SERVICE}
+    phases = {p: s for p, s in r.phases.items() if p != c.IN_SERVICE}
     total = sum(phases.values())
     if out <= 0:
         return {}

@@ -9,7 +9,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from policies.model import Policy, XidRule
+from policies.model import NodeProfile, Policy, XidRule
+from policies.profiles import merge_mappings, merge_profiles, shipped_profiles
 
 
 class PolicyError(ValueError):
@@ -51,11 +52,9 @@ def policy_from_mapping(data: Any, source: str = "policy") -> Policy:
     for key in ("xids", "xid_catalog_version"):
         if key in data:
             raise PolicyError(source, [f"{key}: the catalog is pinned; change entries with xid_overrides"])
-    from policies.profiles import merge_profiles, shipped_profiles
-
     data = {**data, "profiles": merge_profiles(shipped_profiles(), data.get("profiles", {}))}
     try:
-        policy = Policy.model_validate(_merge(Policy().model_dump(mode="json", exclude={"xids", "profiles"}), data))
+        policy = Policy.model_validate(merge_mappings(Policy().model_dump(mode="json", exclude={"xids", "profiles"}), data))
     except ValidationError as err:
         raise PolicyError(source, describe_validation_error(err)) from None
     version, xids = load_catalog()
@@ -67,19 +66,9 @@ def policy_from_mapping(data: Any, source: str = "policy") -> Policy:
     return policy.model_copy(update={"xids": xids, "xid_catalog_version": version})
 
 
-def _merge(base: dict, override: dict) -> dict:
-    """A file names only what it changes: nested mappings merge over the defaults."""
-    out = dict(base)
-    for key, value in override.items():
-        out[key] = _merge(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
-    return out
-
-
 def policy_yaml(policy: Policy) -> str:
     """A policy as a file `load_policy` gives back equal (the pinned catalog left out): how a
     resolved policy, e.g. a scenario's scaled one, becomes a controller's --policy."""
-    from policies.profiles import shipped_profiles
-
     data = policy.model_dump(mode="json", exclude={"xids", "xid_catalog_version"})
     data["profiles"] |= {name: None for name in shipped_profiles() if name not in policy.profiles}  # removed stays removed
     return yaml.safe_dump(data, sort_keys=False)
@@ -101,3 +90,21 @@ def load_policy(path: str | Path) -> Policy:
     except yaml.YAMLError as err:
         raise PolicyError(str(p), [f"(file): not valid YAML: {err}"]) from None
     return policy_from_mapping(data, str(p))
+
+
+def resolve_profile(policy: Policy, name_or_file: str) -> tuple[str, NodeProfile]:
+    """`--profile NAME|FILE` outside a cluster: a profile of the policy by name, or a YAML file
+    holding one profile (validated, keys named on error)."""
+    if name_or_file in policy.profiles:
+        return name_or_file, policy.profiles[name_or_file]
+    path = Path(name_or_file)
+    if not path.exists():
+        raise PolicyError(name_or_file, [f"(profile): no profile of that name ({', '.join(policy.profiles)}) "
+                                         "and no such file"])
+    try:
+        data = yaml.safe_load(path.read_text())
+        return path.stem, NodeProfile.model_validate(data or {})
+    except yaml.YAMLError as err:
+        raise PolicyError(str(path), [f"(file): not valid YAML: {err}"]) from None
+    except ValueError as err:
+        raise PolicyError(str(path), describe_validation_error(err)) from None

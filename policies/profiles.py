@@ -8,7 +8,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from policies.model import NodeProfile, Policy
+from policies.model import Policy
 
 PROFILE_LABEL = "gpuheal.io/profile"  # names a profile outright
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
@@ -30,16 +30,17 @@ def merge_profiles(shipped: dict[str, Any], given: Any) -> Any:
         if value is None:
             out.pop(name, None)
         elif isinstance(value, dict) and isinstance(shipped.get(name), dict):
-            out[name] = _merge(shipped[name], value)
+            out[name] = merge_mappings(shipped[name], value)
         else:
             out[name] = value
     return out
 
 
-def _merge(base: dict, over: dict) -> dict:
+def merge_mappings(base: dict, over: dict) -> dict:
+    """`over` names only what it changes: nested mappings merge over `base`."""
     out = dict(base)
     for k, v in over.items():
-        out[k] = _merge(base[k], v) if isinstance(v, dict) and isinstance(base.get(k), dict) else v
+        out[k] = merge_mappings(base[k], v) if isinstance(v, dict) and isinstance(base.get(k), dict) else v
     return out
 
 
@@ -79,28 +80,6 @@ def select_profile(policy: Policy, labels: dict[str, str], node: str = "") -> Se
     if best is None:
         return Selection(node=node, reason="no profile matches the node's labels: learned baseline only")
     return Selection(node=node, profile=best[2], reason=best[3])
-
-
-def resolve_profile(policy: Policy, name_or_file: str) -> tuple[str, NodeProfile]:
-    """`--profile NAME|FILE` outside a cluster: a profile of the policy by name, or a YAML file
-    holding one profile (validated, keys named on error)."""
-    from pathlib import Path
-
-    from policies.loader import PolicyError, describe_validation_error
-
-    if name_or_file in policy.profiles:
-        return name_or_file, policy.profiles[name_or_file]
-    path = Path(name_or_file)
-    if not path.exists():
-        raise PolicyError(name_or_file, [f"(profile): no profile of that name ({', '.join(policy.profiles)}) "
-                                         "and no such file"])
-    try:
-        data = yaml.safe_load(path.read_text())
-        return path.stem, NodeProfile.model_validate(data or {})
-    except yaml.YAMLError as err:
-        raise PolicyError(str(path), [f"(file): not valid YAML: {err}"]) from None
-    except ValueError as err:
-        raise PolicyError(str(path), describe_validation_error(err)) from None
 
 
 def for_node(policy: Policy, profile_name: str | None) -> Policy:

@@ -1,4 +1,5 @@
-"""The gpuheal command line's flags: one parser, each command's handler in workers/cli.py."""
+"""The gpuheal command line's flags: one parser, each command's handler in workers/cli_local.py,
+cli_serve.py or cli_operator.py."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import argparse
 
 from activities import contracts as c
 from policies.model import Generation, Rung
-from workers import cli, cli_profiles
+from workers import cli_local, cli_operator, cli_profiles, cli_serve
 from workers.telemetry import METRICS_HELP, TRACING_HELP
 
 GENERATIONS = [g.value for g in Generation]
@@ -42,16 +43,16 @@ def build_parser() -> argparse.ArgumentParser:
     check = policy.add_parser("check", help="validate a policy file")
     check.add_argument("file")
     check.add_argument("--json", action="store_true")
-    check.set_defaults(func=cli.cmd_policy_check)
+    check.set_defaults(func=cli_local.cmd_policy_check)
     reference = policy.add_parser("reference", help="print the policy reference (markdown) from the model's field docs")
-    reference.set_defaults(func=cli.cmd_policy_reference)
+    reference.set_defaults(func=cli_local.cmd_policy_reference)
     sub.add_parser("cli-reference", help="print this CLI reference (markdown) from the parser").set_defaults(
-        func=cli.cmd_cli_reference)
+        func=cli_local.cmd_cli_reference)
 
     replay = sub.add_parser("replay", help="replay exported histories (*.json) against the current code")
     replay.add_argument("dir")
     replay.add_argument("--json", action="store_true")
-    replay.set_defaults(func=cli.cmd_replay)
+    replay.set_defaults(func=cli_local.cmd_replay)
 
     probe = sub.add_parser("probe", help="run one probe here").add_subparsers(dest="probe_command", required=True)
     kmsg = probe.add_parser("kmsg", help="classify the kernel-log lines a file (or /dev/kmsg) holds, then exit")
@@ -59,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     kmsg.add_argument("--generation", default="hopper", choices=GENERATIONS)
     kmsg.add_argument("--json", action="store_true")
     kmsg.add_argument("--follow", action="store_true", help="keep reading new lines until SIGINT/SIGTERM")
-    kmsg.set_defaults(func=cli.cmd_probe_kmsg)
+    kmsg.set_defaults(func=cli_local.cmd_probe_kmsg)
     nvml = probe.add_parser("nvml", help="run the NVML probes on this host")
     nvml.add_argument("--profile", default=None, metavar="NAME|FILE", help=PROFILE_HELP)
     nvml.add_argument("--policy", default="default", help="the policy whose profiles --profile names")
@@ -67,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     nvml.add_argument("--generation", default="hopper", choices=GENERATIONS)
     nvml.add_argument("--json", action="store_true")
     nvml.add_argument("--npd", action="store_true", help="node-problem-detector custom plugin protocol")
-    nvml.set_defaults(func=cli.cmd_probe_nvml)
+    nvml.set_defaults(func=cli_local.cmd_probe_nvml)
     from workers import cli_load
 
     val = sub.add_parser("validate", help="load-test this host's GPUs (exit 0 passed, 1 failed, 2 could not run)")
@@ -94,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     ctl.add_argument("--policy", default="default",
                      help="the policy every episode acts on (episodes take it from the controller, never from a report)")
     ctl.add_argument("--cluster", default="default")
-    ctl.set_defaults(func=cli.cmd_controller)
+    ctl.set_defaults(func=cli_serve.cmd_controller)
 
     agent = sub.add_parser("agent", help="run the node agent on this GPU node")
     agent.add_argument("--node", required=True)
@@ -110,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_argument("--poll-interval", type=float, default=10.0)
     agent.add_argument("--kmsg-state", default="/var/lib/gpuheal/kmsg-position",
                        help="file on the host keeping the kernel-log position, so a restarted agent reads on")
-    agent.set_defaults(func=cli.cmd_agent)
+    agent.set_defaults(func=cli_serve.cmd_agent)
 
     profiles = sub.add_parser("profiles", help="which profile each GPU node gets and why, and its baseline")
     profiles.add_argument("--kubeconfig", default=None, help="default: in-cluster config, else ~/.kube/config")
@@ -123,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("scenario")
     sim.add_argument("--json", action="store_true")
     add_temporal_args(sim, embedded=True)
-    sim.set_defaults(func=cli.cmd_simulate)
+    sim.set_defaults(func=cli_serve.cmd_simulate)
 
     whatif = sub.add_parser("whatif", help="run policies against a modelled month of faults in virtual time, "
                                            "print availability and what each did")
@@ -144,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "job success, ETTR, goodput lost per policy; again for another on the same outages")
     whatif.add_argument("--from-ledger", metavar="FILE",
                         help="replay the faults of a `gpuheal outcomes --json` export instead of drawing them")
-    whatif.set_defaults(func=cli.cmd_whatif)
+    whatif.set_defaults(func=cli_serve.cmd_whatif)
 
     outcomes = sub.add_parser("outcomes", help="what the ledger's episodes cost: node-hours lost by cause and phase, "
                                                "MTTR, repeat failures, interrupted pods")
@@ -152,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     outcomes.add_argument("--since", default="30d", help="a duration back from now (30d, 12h) or all")
     outcomes.add_argument("--by", choices=["profile", "sku", "fault"], default=None)
     outcomes.add_argument("--json", action="store_true")
-    outcomes.set_defaults(func=cli.cmd_outcomes)
+    outcomes.set_defaults(func=cli_serve.cmd_outcomes)
 
     config = sub.add_parser("config", help="named contexts: Temporal address, namespace, cluster, task queue").add_subparsers(
         dest="config_command", required=True)
@@ -161,18 +162,18 @@ def build_parser() -> argparse.ArgumentParser:
     for flag in ("--temporal", "--namespace", "--cluster", "--task-queue"):
         setc.add_argument(flag, default=None)
     setc.add_argument("--use", action="store_true", help="also make it the current context")
-    setc.set_defaults(func=cli.cmd_config)
+    setc.set_defaults(func=cli_operator.cmd_config)
     config.add_parser("use-context", help="make a context the current one").add_argument("name")
-    config.choices["use-context"].set_defaults(func=cli.cmd_config)
+    config.choices["use-context"].set_defaults(func=cli_operator.cmd_config)
     getc = config.add_parser("get-contexts", help="every context, the current one marked")
     getc.add_argument("--json", action="store_true")
-    getc.set_defaults(func=cli.cmd_config)
+    getc.set_defaults(func=cli_operator.cmd_config)
 
     demo = sub.add_parser("demo", help="the whole system on this machine with the built-in scenario")
     demo.add_argument("--keep", action="store_true", help="leave everything running until Ctrl-C")
     add_temporal_args(demo, embedded=True)
     demo.add_argument("--ui", default="http://localhost:8233", help="the Temporal UI of --temporal's server, for links")
-    demo.set_defaults(func=cli.cmd_demo)
+    demo.set_defaults(func=cli_serve.cmd_demo)
 
     def operator_cmd(name: str, help_: str, func, node: str | None = None):
         sp = sub.add_parser(name, help=help_)
@@ -186,23 +187,23 @@ def build_parser() -> argparse.ArgumentParser:
         sp.set_defaults(func=func)
         return sp
 
-    operator_cmd("status", "what is happening to a node, or every open episode", cli.cmd_status, "optional").add_argument(
+    operator_cmd("status", "what is happening to a node, or every open episode", cli_operator.cmd_status, "optional").add_argument(
         "-w", "--watch", action="store_true", help="show it again whenever it changes, until Ctrl-C")
-    operator_cmd("history", "every episode of a node, each step with its time and result", cli.cmd_history, "required")
-    operator_cmd("approve", "approve the rung a node's episode waits on", cli.cmd_episode_update, "required").add_argument(
+    operator_cmd("history", "every episode of a node, each step with its time and result", cli_operator.cmd_history, "required")
+    operator_cmd("approve", "approve the rung a node's episode waits on", cli_operator.cmd_episode_update, "required").add_argument(
         "rung", choices=[r.value for r in Rung], help="the rung you approve (as `status` shows it)")
-    operator_cmd("replace", "skip a node's episode straight to replacement", cli.cmd_episode_update, "required")
+    operator_cmd("replace", "skip a node's episode straight to replacement", cli_operator.cmd_episode_update, "required")
     operator_cmd("lift", "lift the hold on a node left quarantined for a person (uncordons it; you are recorded)",
-                 cli.cmd_episode_update, "required").add_argument("--reason", default="", help="what was done")
-    operator_cmd("guard", "the fleet guard: budget, leases and holders, waiters and why, gates, canaries", cli.cmd_guard).add_argument(
+                 cli_operator.cmd_episode_update, "required").add_argument("--reason", default="", help="what was done")
+    operator_cmd("guard", "the fleet guard: budget, leases and holders, waiters and why, gates, canaries", cli_operator.cmd_guard).add_argument(
         "-w", "--watch", action="store_true", help="show it again whenever it changes, until Ctrl-C")
-    operator_cmd("pause", "pause new disruptive leases in the cluster", cli.cmd_guard_update).add_argument("--reason", default="")
-    res = operator_cmd("resume", "resume disruptive leases (also closes a tripped storm breaker)", cli.cmd_guard_update)
+    operator_cmd("pause", "pause new disruptive leases in the cluster", cli_operator.cmd_guard_update).add_argument("--reason", default="")
+    res = operator_cmd("resume", "resume disruptive leases (also closes a tripped storm breaker)", cli_operator.cmd_guard_update)
     res.add_argument("--force", action="store_true",
                      help="also lift every gate (max_unhealthy, canary trickle) for --leases grants or --for a time")
     res.add_argument("--leases", type=int, default=1, help="with --force: how many leases (default 1)")
     res.add_argument("--for", dest="for_", default=None, metavar="DURATION", help="with --force: lift the gates this long (e.g. 30m)")
-    rep = operator_cmd("report", "report a fault by hand", cli.cmd_report, "required")
+    rep = operator_cmd("report", "report a fault by hand", cli_operator.cmd_report, "required")
     what = rep.add_mutually_exclusive_group(required=True)
     what.add_argument("--xid", type=int, help="an Xid seen on --gpu")
     what.add_argument("--suspect", metavar="WHY", help="suspect, not failed: drain and load-test it, remedy only on a failure")

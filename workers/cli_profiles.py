@@ -50,7 +50,7 @@ def cmd_profiles(args) -> int:
 def local_profile(args, prog: str):
     """The ProbeConfig for `--profile NAME|FILE` (and `--expected-gpus`), or an exit code on a bad one."""
     from health.runner import ProbeConfig
-    from policies.profiles import resolve_profile
+    from policies.loader import resolve_profile
 
     config = ProbeConfig(expected_gpus=args.expected_gpus, generation=args.generation)
     if not getattr(args, "profile", None):

@@ -19,7 +19,7 @@ with workflow.unsafe.imports_passed_through():
 # workflow.patched id: ledger records carry phases, pods and the out-of-service time (issue 26).
 PATCH_OUTCOME_LEDGER = "outcome-ledger"
 MAX_PODS_KEPT = 200
-IN_SERVICE = "in service"  # between a return to service and a recurrence: not time out of service
+IN_SERVICE = c.IN_SERVICE  # between a return to service and a recurrence: not time out of service
 
 PHASE_OF_STEP = MappingProxyType({
     "policy": "quarantine", "triage": "quarantine", c.KUBE_CHECK_NODE: "quarantine", c.KUBE_QUARANTINE: "quarantine",

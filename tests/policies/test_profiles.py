@@ -4,8 +4,15 @@ import pytest
 
 from policies.classify import classify
 from policies.findings import Finding
-from policies.loader import PolicyError, default_policy, load_policy, policy_from_mapping, policy_yaml
-from policies.profiles import for_node, resolve_profile, select_profile
+from policies.loader import (
+    PolicyError,
+    default_policy,
+    load_policy,
+    policy_from_mapping,
+    policy_yaml,
+    resolve_profile,
+)
+from policies.profiles import for_node, select_profile
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 
