@@ -8,7 +8,7 @@ is reconciled with the running episodes and the nodes' taints on every holder ch
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from temporalio import workflow
 from temporalio.exceptions import FailureError
@@ -23,11 +23,13 @@ with workflow.unsafe.imports_passed_through():
         CANARY_FAILED,
         CANARY_PROVEN,
         LEFT_QUARANTINE,
+        MAX_RELEASED_KEPT,
         OLD_BEHAVIOUR,
         PATCH_GUARD_IDLE_RECHECK,
         PATCH_GUARD_NEVER_WEDGED,
         PATCH_GUARD_PAGED_CHECK,
         PATCH_GUARD_REGRANT_WAITS,
+        PATCH_GUARD_STALE_REQUESTS,
         PATCH_GUARD_STEADY_RECHECK,
         PATCH_GUARD_UPGRADE,
         GateRelease,
@@ -68,6 +70,7 @@ class FleetGuard(GuardBooks):
         self._paged = workflow.patched(PATCH_GUARD_PAGED_CHECK)
         self._regrant_waits = workflow.patched(PATCH_GUARD_REGRANT_WAITS)
         self._steady_recheck = workflow.patched(PATCH_GUARD_STEADY_RECHECK)
+        self._stale_requests = workflow.patched(PATCH_GUARD_STALE_REQUESTS)
         self._rechecks: list[tuple[datetime, asyncio.Task]] = []  # re-check timers still to fire, by due time
         self._holder_check = None
         self._upgrade = False
@@ -75,19 +78,38 @@ class FleetGuard(GuardBooks):
     # --- handlers ------------------------------------------------------------------------------
     @workflow.signal(name=GUARD_SIGNAL_REQUEST)
     def request(self, req: LeaseRequest) -> None:
+        if self._stale(req):
+            workflow.logger.warning("guard %s: stale lease request %s from %s ignored: that lease was given back",
+                                    self.inp.cluster, req.request_id[:100], req.holder[:200])
+            return
         if any(h.holder == req.holder for h in self.s.holders):
             # A holder asking again (after continue-as-new, say) gets its grant again.
             self._regrant.add(req.holder)
             self._regrant_ids[req.holder] = req.request_id
+            if self._stale_requests and req.request_id:
+                self.s.holders = [h.model_copy(update={"request_id": req.request_id}) if h.holder == req.holder else h
+                                  for h in self.s.holders]
         elif not any(w.holder == req.holder for w in self.s.waiters):
             self.s.waiters.append(req)
             if self._new():
                 self.s.waiting_since[req.holder] = workflow.now()
         self._wake = True
 
+    def _stale(self, req: LeaseRequest) -> bool:
+        """A request for a lease its holder already gave back (a duplicate, or delivered late)."""
+        return self._stale_requests and bool(req.request_id) and self.s.released.get(req.holder) == req.request_id
+
     @workflow.signal(name=GUARD_SIGNAL_RELEASE)
     def release(self, rel: LeaseRelease) -> None:
         canary = any(h.holder == rel.holder and h.canary for h in self.s.holders)
+        if self._stale_requests:
+            given_back = [h.request_id for h in self.s.holders if h.holder == rel.holder]
+            given_back += [w.request_id for w in self.s.waiters if w.holder == rel.holder]
+            if given_back and given_back[0]:
+                self.s.released.pop(rel.holder, None)  # re-inserted: the newest last, the oldest dropped first
+                self.s.released[rel.holder] = given_back[0]
+                for old in list(self.s.released)[:max(0, len(self.s.released) - MAX_RELEASED_KEPT)]:
+                    del self.s.released[old]
         self._drop_holder(rel.holder)
         if rel.outcome is None or not self._new():
             return
@@ -221,34 +243,6 @@ class FleetGuard(GuardBooks):
             except TimeoutError:
                 pass
 
-    def _arm_recheck(self) -> None:
-        """A timer for the next deadline, unless one already fires by then. None is ever cancelled:
-        one due later than needed stays and wakes the loop once more, for nothing to do."""
-        wait = self._next_deadline()
-        due = workflow.now() + wait
-        self._rechecks = [(at, t) for at, t in self._rechecks if not t.done()]
-        if any(at <= due for at, _ in self._rechecks):
-            return
-        self._rechecks.append((due, asyncio.create_task(self._recheck_after(wait))))
-
-    async def _recheck_after(self, wait: timedelta) -> None:
-        await workflow.sleep(wait, summary="re-check breaker and lease holders")
-        self._wake = True
-
-    def _waiter_reason(self) -> str:
-        if self.s.paused and not self._forced():
-            return f"paused: {self.s.pause_reason}"
-        if self._learning() and not self._forced():
-            return "learning the lease holders back from running episodes" + (
-                f": {self.s.relearn_error}" if self.s.relearn_error else "")
-        if len(self.s.holders) >= self._budget():
-            gate = self._gate()
-            if self.s.canary_budget:
-                why = f"canary trickle: {self.s.canary_budget} at a time" + (f" ({gate})" if gate else "")
-                return why + (f"; alarm: {self.s.alarm}" if self.s.alarm else "")
-            return gate or f"budget full: {len(self.s.holders)} of {self._limit()} leases held"
-        return "in line"
-
     def _may_grant(self) -> bool:
         """No lease before the guard knows who holds one. (Before PATCH_GUARD_REGRANT_WAITS a re-grant
         held back by that woke the loop at once, again and again: one workflow task that never
@@ -265,7 +259,8 @@ class FleetGuard(GuardBooks):
             req = self.s.waiters.pop(0)
             self.s.waiting_since.pop(req.holder, None)
             canary = bool(self._new() and self.s.canary_budget) and not self._forced()
-            self.s.holders.append(Lease(holder=req.holder, node=req.node, since=workflow.now(), canary=canary))
+            self.s.holders.append(Lease(holder=req.holder, node=req.node, since=workflow.now(), canary=canary,
+                                        request_id=req.request_id if self._stale_requests else ""))
             self.s.grants += 1
             self.s.max_seen_holders = max(self.s.max_seen_holders, len(self.s.holders))
             if self.s.forced is not None and self.s.forced.leases > 0:

@@ -3,7 +3,8 @@ breaker, max_unhealthy, the canary trickle, an operator's lift) and the Warning 
 
 from __future__ import annotations
 
-from datetime import timedelta
+import asyncio
+from datetime import datetime, timedelta
 
 from temporalio import workflow
 
@@ -23,6 +24,7 @@ class GuardGates:
     _wake: bool
     _never_wedged: bool
     _idle_recheck: bool
+    _rechecks: list[tuple[datetime, asyncio.Task]]
 
     def _new(self) -> bool:
         return self._never_wedged
@@ -131,6 +133,34 @@ class GuardGates:
             waits.append(self.s.forced.until - now)
         return max(min(waits), timedelta(seconds=1))
 
+
+    def _arm_recheck(self) -> None:
+        """A timer for the next deadline, unless one already fires by then. None is ever cancelled:
+        one due later than needed stays and wakes the loop once more, for nothing to do."""
+        wait = self._next_deadline()
+        due = workflow.now() + wait
+        self._rechecks = [(at, t) for at, t in self._rechecks if not t.done()]
+        if any(at <= due for at, _ in self._rechecks):
+            return
+        self._rechecks.append((due, asyncio.create_task(self._recheck_after(wait))))
+
+    async def _recheck_after(self, wait: timedelta) -> None:
+        await workflow.sleep(wait, summary="re-check breaker and lease holders")
+        self._wake = True
+
+    def _waiter_reason(self) -> str:
+        if self.s.paused and not self._forced():
+            return f"paused: {self.s.pause_reason}"
+        if self._learning() and not self._forced():
+            return "learning the lease holders back from running episodes" + (
+                f": {self.s.relearn_error}" if self.s.relearn_error else "")
+        if len(self.s.holders) >= self._budget():
+            gate = self._gate()
+            if self.s.canary_budget:
+                why = f"canary trickle: {self.s.canary_budget} at a time" + (f" ({gate})" if gate else "")
+                return why + (f"; alarm: {self.s.alarm}" if self.s.alarm else "")
+            return gate or f"budget full: {len(self.s.holders)} of {self._limit()} leases held"
+        return "in line"
 
     async def _announce(self) -> None:
         """Warning events people see in `kubectl get events`: once per breaker trip and per failed canary."""

@@ -25,6 +25,11 @@ PATCH_GUARD_REGRANT_WAITS = "guard-regrant-waits"
 # during the task wedges the time-skipping test server (temporalio/sdk-java#3088), and two events
 # per message were spent on it.
 PATCH_GUARD_STEADY_RECHECK = "guard-steady-recheck"
+# workflow.patched id: a request whose id names a lease already given back is stale (a duplicate or
+# late delivery): ignored, so no lease is granted to an episode that neither holds nor wants one
+# (safety simulation, seed 385: a phantom holder kept the budget of one while its episode waited
+# for approval).
+PATCH_GUARD_STALE_REQUESTS = "guard-stale-requests"
 # workflow.patched id: a guard run started before guard-never-wedged continues as new when the
 # controller asks (the `upgrade` update, sent at controller start), so it meets the new behaviour
 # (issue 22: 11).
@@ -32,6 +37,7 @@ PATCH_GUARD_UPGRADE = "guard-upgrade"
 OLD_BEHAVIOUR = ("this guard run started before guard-never-wedged: it answers no quarantine requests (each "
                  "cordon waits admission_timeout) until it continues as new; a controller's start asks it to")
 MAX_DEFERRED_KEPT = 1000
+MAX_RELEASED_KEPT = 1000
 # Outcomes an episode reports when it ends or gives its lease back: these prove a canary.
 CANARY_PROVEN = frozenset({"validated", "returned", "replaced"})
 CANARY_FAILED = frozenset({"quarantined", "failed", "awaiting_approval"})
@@ -44,6 +50,7 @@ class Lease(BaseModel):
     node: str
     since: datetime
     canary: bool = False
+    request_id: str = Field(default="", description="The request it answers (the newest, when asked again).")
 
 
 class Waiting(BaseModel):
@@ -90,6 +97,8 @@ class GuardState(BaseModel):
     policy_changes: list[str] = Field(default_factory=list, description="Who changed the guard's policy, and when (10).")
     relearned: bool = False
     relearn_error: str = ""  # why the running episodes are not known yet (no lease meanwhile)
+    released: dict[str, str] = Field(default_factory=dict, description="holder -> the request id of the lease it "
+                                     f"gave back last (the newest {MAX_RELEASED_KEPT}): that request again is stale.")
 
 
 class GuardInput(BaseModel):

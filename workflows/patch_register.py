@@ -9,13 +9,14 @@ is branched on without an entry here."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import MappingProxyType
 
 EPISODE = "NodeRemediation"
 ADMISSION = "NodeAdmission"
 GUARD = "FleetGuard"
 
 # What must be true of the open runs of each workflow before a patch on it is deprecated.
-RETIRE_WHEN = {
+RETIRE_WHEN = MappingProxyType({
     EPISODE: "no remediate/ run started before the deploy is open (`gpuheal status`; an episode ends or "
              "continues as new at its history_limit, and may be cancelled to take the new rules at once)",
     ADMISSION: "no admit/ run started before the deploy is open (an admission lasts at most its "
@@ -23,7 +24,7 @@ RETIRE_WHEN = {
     GUARD: "every fleet-guard/ run started since the deploy (`temporal workflow describe`: its start "
            "time); a guard continues as new when its history asks, or when terminated the next "
            "message starts it afresh and it learns its holders back",
-}
+})
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class Patch:
         return "; and ".join(RETIRE_WHEN[w] for w in self.workflows)
 
 
-PATCHES = {p.id: p for p in (
+PATCHES = MappingProxyType({p.id: p for p in (
     Patch("local-cluster-calls", (EPISODE,), "local activities for cluster calls"),
     Patch("do-no-harm", (EPISODE,), "do no harm, first pass"),
     Patch("bounded-state", (EPISODE,), "bounded state"),
@@ -80,5 +81,6 @@ PATCHES = {p.id: p for p in (
     Patch("guard-paged-holder-check", (GUARD,), "issue 22: 10"),
     Patch("guard-regrant-waits", (GUARD,), "issue 22, safety simulation"),
     Patch("guard-steady-recheck", (GUARD,), "issue 22, safety simulation (sdk-java#3088)"),
+    Patch("guard-stale-requests", (GUARD,), "issue 22, safety soak seed 385"),
     Patch("guard-upgrade", (GUARD,), "issue 22: 11"),
-)}
+)})

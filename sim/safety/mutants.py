@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 
-MUTANTS = ["dry_run", "lease", "agent_missing", "kill_filter"]
+MUTANTS = ["dry_run", "lease", "agent_missing", "kill_filter", "stale_requests"]
 
 
 @contextlib.contextmanager
@@ -55,6 +55,11 @@ def applied(name: str | None):
             return await self._node_activity(c.NODE_KILL, c.KillRequest(
                 node=self.node, all_gpus=True, dry_run=self.policy.dry_run), c.KillResult, summary, rp)
         patch(RungActions, "_stop_gpu_processes", kill_everything)
+    elif name == "stale_requests":
+        from workflows.fleet_guard import FleetGuard
+
+        # The stale-request check gone: a duplicate of a request already given back is granted.
+        patch(FleetGuard, "_stale", lambda self, req: False)
     try:
         yield
     finally:

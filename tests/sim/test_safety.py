@@ -14,7 +14,10 @@ from sim.safety.schedule import make_schedule
 
 CI_SCHEDULES = int(os.environ.get("SAFETY_SCHEDULES", "300"))
 # Which invariant each safeguard keeps (sim/safety/mutants.py switches it off).
-MUTANT_FINDS = {"dry_run": "dry-run", "lease": "max_disruptive", "agent_missing": "replace", "kill_filter": "kill"}
+MUTANT_FINDS = {"dry_run": "dry-run", "lease": "max_disruptive", "agent_missing": "replace", "kill_filter": "kill",
+                "stale_requests": "lease"}
+# Seeds past CI's count that a long soak found a defect with: run in the gate too, first.
+SOAK_FOUND = [385]  # a duplicate lease request after the lease went back: a phantom holder (guard-stale-requests)
 
 
 def test_a_seed_names_one_schedule_exactly():
@@ -33,12 +36,13 @@ def _report(outcomes) -> str:
 # short by the test server's own wedge (sdk-java#3088) is run again; the count is printed.
 @pytest.mark.timeout(1800)
 async def test_no_violation_over_ci_schedules():
-    out = await run_schedules(list(range(1, CI_SCHEDULES + 1)), batch=30)
-    assert len(out) == CI_SCHEDULES
+    seeds = [*SOAK_FOUND, *range(1, CI_SCHEDULES + 1)]
+    out = await run_schedules(seeds, batch=30)
+    assert len(out) == len(seeds)
     bad = [o for o in out if o.violations or o.stalled]
-    print(f"safety simulation: {CI_SCHEDULES} schedules, {sum(o.effects for o in out)} side effects checked, "
+    print(f"safety simulation: {len(seeds)} schedules, {sum(o.effects for o in out)} side effects checked, "
           f"{len(bad)} failing, {sum(o.reruns for o in out)} re-runs")
-    assert not bad, f"{len(bad)} of {CI_SCHEDULES} schedules failed (replay: make safety SEED=n):\n{_report(bad)}"
+    assert not bad, f"{len(bad)} of {len(seeds)} schedules failed (replay: make safety SEED=n):\n{_report(bad)}"
 
 
 @pytest.mark.skipif(not os.environ.get("SAFETY_MUTANTS"), reason="slow: `make safety-mutants` runs these")
@@ -48,7 +52,7 @@ async def test_each_safeguard_removed_is_found(mutant):
     """With one safeguard switched off, some schedule within CI's count breaks its invariant, and
     the same schedule with the safeguard on does not (so the find is the safeguard's doing)."""
     want = MUTANT_FINDS[mutant]
-    seeds = list(range(1, CI_SCHEDULES + 1))
+    seeds = [*SOAK_FOUND, *range(1, CI_SCHEDULES + 1)]
     for i in range(0, len(seeds), 30):
         out = await run_schedules(seeds[i:i + 30], batch=30, mutant=mutant)
         found = {o.seed: what for o in out for inv, what in o.violations if inv == want}
