@@ -1,275 +1,49 @@
-"""Cloud side effects (boto3: EC2, Auto Scaling, SSM): reboot, replace, boot id, for owned instances only."""
+"""Cloud side effects as activities: reboot, replace and the boot id, through the fleet's provider
+(activities/providers: AWS, Cluster API). What every provider shares is here: the Node read,
+the kubelet's boot id first, and the replaced mark on the Node."""
 
 from __future__ import annotations
 
-import asyncio
-import re
-import time
-from datetime import UTC, datetime, timedelta
-
-from botocore.config import Config
-from botocore.exceptions import (
-    ClientError,
-    ConnectTimeoutError,
-    EndpointConnectionError,
-    ProxyConnectionError,
-)
 from kubernetes import client
-from kubernetes.client.rest import ApiException
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
 
 from activities import contracts as c
-from activities.errors import INVALID_REQUEST, NO_EFFECT, NODE_GONE, NOT_OWNED, PERMISSION_DENIED, fail
-from activities.kube import CLUSTER_CALL_THREADS, call_api
-
-_PROVIDER_ID = re.compile(r"^aws:///(?P<zone>[^/]+)/(?P<id>i-[0-9a-f]+)$")
-REBOOT_KEY_TAG = "gpuheal.io/reboot-key"
-REBOOT_STATE_TAG = "gpuheal.io/reboot-state"
-REBOOT_FROM_TAG = "gpuheal.io/reboot-from-boot"  # the kubelet's boot id when the reboot was asked for
-REBOOT_AT_TAG = "gpuheal.io/reboot-at"  # when the reboot was asked for (ISO 8601, UTC)
-# Auto Scaling lifecycle states of an instance on its way out: a termination lifecycle hook holds it
-# in Terminating:Wait (EC2 state still `running`) until the hook completes or times out (default 1 h,
-# at most 48 h), then Terminating:Proceed and Terminated. The replacement is under way in each.
-TERMINATING_LIFECYCLE = {"Terminating", "Terminating:Wait", "Terminating:Proceed", "Terminated"}
-# botocore's errors raised before a request reached the endpoint (a read timeout or a dropped
-# connection may come after it did, and are not among them).
-NEVER_SENT = (EndpointConnectionError, ConnectTimeoutError, ProxyConnectionError)
-_DENIED = {"UnauthorizedOperation", "AccessDenied", "AccessDeniedException", "AuthFailure"}
-_GONE_STATES = {"shutting-down", "terminated"}
-# One pooled connection per activity thread: botocore's default pool of 10 discards connections
-# (with a urllib3 warning each) when more calls than that run at once.
-AWS_CLIENT_CONFIG = Config(max_pool_connections=CLUSTER_CALL_THREADS)
-
-
-def instance_id_from_provider_id(provider_id: str | None) -> str:
-    m = _PROVIDER_ID.match(provider_id or "")
-    if m is None:
-        raise fail(INVALID_REQUEST, f"spec.providerID {provider_id!r} is not aws:///<zone>/<instance-id>")
-    return m["id"]
+from activities.errors import INVALID_REQUEST, fail
+from activities.providers.base import CloudProvider, kubelet_boot_id, mark_replaced, read_node
 
 
 class CloudActivities:
-    def __init__(self, ec2, autoscaling, ssm, core: client.CoreV1Api):
-        self.ec2, self.autoscaling, self.ssm, self.core = ec2, autoscaling, ssm, core
+    def __init__(self, provider: CloudProvider, core: client.CoreV1Api):
+        self.provider, self.core = provider, core
 
-    # --- plumbing ------------------------------------------------------------------------------
-    async def _aws(self, what: str, fn, **kwargs):
-        """Throttling and 5xx stay retryable; authorization errors do not."""
-        try:
-            return await asyncio.to_thread(fn, **kwargs)
-        except ClientError as err:
-            code = err.response.get("Error", {}).get("Code", "")
-            if code in _DENIED:
-                raise fail(PERMISSION_DENIED, f"{what}: {code}: {err.response['Error'].get('Message', '')}") from None
-            raise
+    @classmethod
+    def aws(cls, ec2, autoscaling, ssm, core: client.CoreV1Api) -> CloudActivities:
+        from activities.providers.aws import AwsProvider
 
-    async def _read_node(self, node: str) -> client.V1Node:
-        try:
-            return await call_api(self.core.read_node, node)
-        except ApiException as err:
-            if err.status == 404:
-                raise fail(NODE_GONE, f"node {node} not found") from None
-            raise
+        return cls(AwsProvider(ec2, autoscaling, ssm, core), core)
 
-    async def _instance_id(self, node: str) -> str:
-        return instance_id_from_provider_id((await self._read_node(node)).spec.provider_id)
-
-    @staticmethod
-    def _kubelet_boot_id(n: client.V1Node) -> str | None:
-        """The boot id the kubelet reports: a reboot moves it on (Ready or not proves nothing)."""
-        return n.status.node_info.boot_id if n.status and n.status.node_info else None
-
-    async def _rebooted_since(self, node: str, from_boot: str | None) -> bool:
-        """Whether the kubelet reports a boot id moved on from the one an earlier attempt rebooted
-        from. Only that proves the reboot: a node that was hung (NotReady) before it was ever sent
-        would otherwise be rebooted by nobody. Waits a while (a third of the attempt's time, at most
-        a minute) for the sign, since a reboot takes a moment to show."""
-        if not from_boot:
-            return False  # nothing to compare with: no proof, so the reboot is sent
-        info = activity.info()
-        budget = min(60.0, (info.start_to_close_timeout or timedelta(minutes=3)).total_seconds() / 3)
-        deadline = time.monotonic() + budget
-        while True:
-            boot = self._kubelet_boot_id(await self._read_node(node))
-            if boot and boot != from_boot:
-                return True
-            if time.monotonic() >= deadline:
-                return False
-            activity.heartbeat("waiting for signs of the earlier reboot")
-            await asyncio.sleep(min(2.0, budget / 5))
-
-    async def _describe(self, instance_id: str) -> dict | None:
-        try:
-            out = await self._aws("describe instance", self.ec2.describe_instances, InstanceIds=[instance_id])
-        except ClientError as err:
-            if err.response["Error"]["Code"] == "InvalidInstanceID.NotFound":
-                return None
-            raise
-        found = [i for r in out["Reservations"] for i in r["Instances"]]
-        return found[0] if found else None
-
-    @staticmethod
-    def _tags(instance: dict) -> dict[str, str]:
-        return {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
-
-    @staticmethod
-    def _require_owned(instance: dict, ownership_tag: str) -> None:
-        key, _, value = ownership_tag.partition("=")
-        if CloudActivities._tags(instance).get(key) != value:
-            raise fail(NOT_OWNED, f"instance {instance['InstanceId']} lacks tag {ownership_tag}: gpuheal does not touch it")
-
-    # --- reboot --------------------------------------------------------------------------------
     @activity.defn(name=c.CLOUD_REBOOT)
     async def reboot(self, req: c.RebootRequest) -> c.RebootResult:
-        n = await self._read_node(req.node)
-        iid = instance_id_from_provider_id(n.spec.provider_id)
-        inst = await self._describe(iid)
-        if inst is None or inst["State"]["Name"] in _GONE_STATES:
-            raise fail(NODE_GONE, f"instance {iid} of {req.node} is gone")
-        self._require_owned(inst, req.ownership_tag)
-        tags = self._tags(inst)
-        mine = tags.get(REBOOT_KEY_TAG) == req.idempotency_key[:255]
-        recorded_from = tags.get(REBOOT_FROM_TAG) or None
-        if mine and tags.get(REBOOT_STATE_TAG) == "sent":
-            # A retry: this reboot already went out.
-            return c.RebootResult(instance_id=iid, rebooted=False, from_boot=recorded_from)
-        if req.dry_run:
-            return c.RebootResult(instance_id=iid, rebooted=False, dry_run=True)
-        # The key (and the boot it reboots from) is written before the reboot and marked sent
-        # after. A retry that finds it pending was cut off in between: if the node shows the
-        # reboot, it went out; only if it shows none is it sent again.
-        if mine and tags.get(REBOOT_STATE_TAG) == "pending" and self._booting(tags, req.boot_wait_s):
-            # It may have gone out, and a GPU server takes minutes to boot: not sent again within its
-            # boot window (the episode waits for the new boot, and knows what to do if none comes).
-            return c.RebootResult(instance_id=iid, rebooted=True, from_boot=recorded_from)
-        if mine and tags.get(REBOOT_STATE_TAG) == "pending" and await self._rebooted_since(req.node, recorded_from):
-            await self._aws("tag instance", self.ec2.create_tags, Resources=[iid],
-                            Tags=[{"Key": REBOOT_STATE_TAG, "Value": "sent"}])
-            return c.RebootResult(instance_id=iid, rebooted=True, from_boot=recorded_from)
-        from_boot = self._kubelet_boot_id(n)
-        await self._aws("tag instance", self.ec2.create_tags, Resources=[iid], Tags=[
-            {"Key": REBOOT_KEY_TAG, "Value": req.idempotency_key[:255]}, {"Key": REBOOT_STATE_TAG, "Value": "pending"},
-            {"Key": REBOOT_FROM_TAG, "Value": (from_boot or "")[:255]},
-            {"Key": REBOOT_AT_TAG, "Value": datetime.now(UTC).isoformat(timespec="seconds")}])
-        try:
-            await self._aws("reboot instance", self.ec2.reboot_instances, InstanceIds=[iid])
-        except ClientError:
-            # Refused by the API: nothing went out, so a retry sends it at once.
-            await self._aws("tag instance", self.ec2.create_tags, Resources=[iid],
-                            Tags=[{"Key": REBOOT_STATE_TAG, "Value": "refused"}])
-            raise
-        except NEVER_SENT:
-            # No connection was made, so no reboot went out: the key is taken back (the state stays
-            # pending), and a retry sends it, instead of waiting out a boot window for nothing.
-            await self._aws("untag instance", self.ec2.delete_tags, Resources=[iid], Tags=[{"Key": REBOOT_KEY_TAG}])
-            raise
-        await self._aws("tag instance", self.ec2.create_tags, Resources=[iid],
-                        Tags=[{"Key": REBOOT_STATE_TAG, "Value": "sent"}])
-        return c.RebootResult(instance_id=iid, rebooted=True, from_boot=from_boot)
+        if not self.provider.can_reboot:
+            # Fails the rung, which is no evidence for replace: the node stays quarantined for a person,
+            # who may `gpuheal approve NODE replace`.
+            raise fail(INVALID_REQUEST, f"provider {self.provider.name} has no reboot: {req.node} is left for a person "
+                       "(gpuheal approve NODE replace replaces it)")
+        return await self.provider.reboot(req)
 
-    @staticmethod
-    def _booting(tags: dict[str, str], boot_wait_s: float) -> bool:
-        """Whether a pending reboot was asked for less than a boot window ago."""
-        try:
-            asked = datetime.fromisoformat(tags[REBOOT_AT_TAG])
-        except (KeyError, ValueError):
-            return False  # asked before the time was kept: the old rule (a sign within a minute)
-        return (datetime.now(UTC) - asked).total_seconds() < boot_wait_s
-
-    async def _lifecycle_state(self, iid: str) -> str | None:
-        found = await self._aws("describe ASG membership", self.autoscaling.describe_auto_scaling_instances,
-                                InstanceIds=[iid])
-        return found["AutoScalingInstances"][0].get("LifecycleState") if found["AutoScalingInstances"] else None
-
-    # --- replace -------------------------------------------------------------------------------
     @activity.defn(name=c.CLOUD_REPLACE)
     async def replace(self, req: c.ReplaceRequest) -> c.ReplaceResult:
-        """Terminate (ASG: keeping capacity, so a new instance takes its place) or delete the Node
-        (Karpenter); the Node is marked replaced so its old host's last reports start nothing."""
-        done = await self._terminate(req)
-        if done.action in ("dry_run", "karpenter"):
+        """The provider's replacement, then the Node marked replaced (unless the provider marked it
+        first, as it must when its replacement deletes the Node) so its old host's last reports
+        start nothing."""
+        done = await self.provider.replace(req)
+        if done.action == "dry_run" or done.marked:
             return done
-        return done.model_copy(update={"marked": await self._mark_replaced(req.node, req.idempotency_key)})
+        return done.model_copy(update={"marked": await mark_replaced(self.core, req.node, req.idempotency_key)})
 
-    async def _mark_replaced(self, node: str, by: str) -> bool:
-        """Annotates the Node replaced, with the kubelet's boot id of the host going away: reports from
-        that host start nothing (kube.check_node). Verified on the answer; a Node already gone is fine."""
-        try:
-            n = await self._read_node(node)
-        except ApplicationError:
-            return False  # NodeGone: no Node, no reports to tell apart
-        ann = {c.REPLACED_ANNOTATION: by[:253], c.REPLACED_BOOT_ANNOTATION: self._kubelet_boot_id(n) or ""}
-        try:
-            after = await call_api(self.core.patch_node, node, {"metadata": {"annotations": ann}})
-        except ApiException as err:
-            if err.status == 404:
-                return False
-            raise
-        if any((after.metadata.annotations or {}).get(k) != v for k, v in ann.items()):
-            raise fail(NO_EFFECT, f"node {node}: replaced annotation did not stick")
-        return True
-
-    async def _terminate(self, req: c.ReplaceRequest) -> c.ReplaceResult:
-        iid = await self._instance_id(req.node)
-        inst = await self._describe(iid)
-        if inst is None or inst["State"]["Name"] in _GONE_STATES:
-            return c.ReplaceResult(instance_id=iid, action="already_terminated")
-        self._require_owned(inst, req.ownership_tag)
-        if req.dry_run:
-            return c.ReplaceResult(instance_id=iid, action="dry_run")
-        if req.mode == "karpenter":
-            # Karpenter replaces capacity whose Node (and NodeClaim) is deleted. Marked first: its
-            # termination finalizer keeps the Node (and the old host reporting) while it drains.
-            marked = await self._mark_replaced(req.node, req.idempotency_key)
-            try:
-                await call_api(self.core.delete_node, req.node)
-            except ApiException as err:
-                if err.status != 404:
-                    raise
-            return c.ReplaceResult(instance_id=iid, action="karpenter", marked=marked)
-        asg = None
-        if req.mode == "auto":
-            found = await self._aws("describe ASG membership", self.autoscaling.describe_auto_scaling_instances,
-                                    InstanceIds=[iid])
-            asg = found["AutoScalingInstances"][0]["AutoScalingGroupName"] if found["AutoScalingInstances"] else None
-            lifecycle = found["AutoScalingInstances"][0].get("LifecycleState") if asg else None
-            if lifecycle in TERMINATING_LIFECYCLE:
-                # A retry: the terminate was accepted and a lifecycle hook holds the instance.
-                return c.ReplaceResult(instance_id=iid, action="asg", lifecycle_state=lifecycle)
-        if asg is not None:
-            await self._aws("terminate in ASG", self.autoscaling.terminate_instance_in_auto_scaling_group,
-                            InstanceId=iid, ShouldDecrementDesiredCapacity=False)
-        else:
-            await self._aws("terminate instance", self.ec2.terminate_instances, InstanceIds=[iid])
-        after = await self._describe(iid)
-        lifecycle = await self._lifecycle_state(iid) if asg else None
-        if after is not None and after["State"]["Name"] not in _GONE_STATES and lifecycle not in TERMINATING_LIFECYCLE:
-            raise fail(NO_EFFECT, f"instance {iid} still {after['State']['Name']} after terminate"
-                       + (f" (Auto Scaling lifecycle {lifecycle})" if asg else ""))
-        return c.ReplaceResult(instance_id=iid, action="asg" if asg else "ec2", lifecycle_state=lifecycle)
-
-    # --- boot id (when the agent is gone) ------------------------------------------------------
     @activity.defn(name=c.CLOUD_BOOT_ID)
     async def boot_id(self, req: c.BootIdRequest) -> str | None:
         """The node's boot id without its agent: the kubelet's (status.nodeInfo.bootID) when it
-        reports one, else read on the instance through SSM. None when neither can tell."""
-        n = await self._read_node(req.node)
-        boot = self._kubelet_boot_id(n)
-        if boot:
-            return boot
-        iid = instance_id_from_provider_id(n.spec.provider_id)
-        sent = await self._aws("ssm send-command", self.ssm.send_command, InstanceIds=[iid],
-                               DocumentName="AWS-RunShellScript",
-                               Parameters={"commands": ["cat /proc/sys/kernel/random/boot_id"]})
-        cid = sent["Command"]["CommandId"]
-        for _ in range(30):
-            out = await self._aws("ssm get-command-invocation", self.ssm.get_command_invocation,
-                                  CommandId=cid, InstanceId=iid)
-            if out["Status"] in ("Success", "Failed", "Cancelled", "TimedOut"):
-                if out["Status"] != "Success":
-                    raise RuntimeError(f"SSM command {cid} ended {out['Status']}")
-                return out.get("StandardOutputContent", "").strip() or None
-            activity.heartbeat(out["Status"])
-            await asyncio.sleep(1)
-        raise RuntimeError(f"SSM command {cid} did not finish")
+        reports one, else the provider's way (SSM on AWS). None when neither can tell."""
+        n = await read_node(self.core, req.node)
+        return kubelet_boot_id(n) or await self.provider.boot_id(n)

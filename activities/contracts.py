@@ -244,8 +244,8 @@ REPLACED_BOOT_ANNOTATION = "gpuheal.io/replaced-boot"  # the kubelet's boot id o
 
 
 class ReplaceResult(BaseModel):
-    instance_id: str
-    action: Literal["asg", "ec2", "karpenter", "already_terminated", "dry_run"]
+    instance_id: str = Field(description="What was replaced: an EC2 instance id, or a Cluster API Machine's namespace/name.")
+    action: Literal["asg", "ec2", "karpenter", "machine_deleted", "already_terminated", "dry_run"]
     lifecycle_state: str | None = Field(default=None, description="The Auto Scaling lifecycle state after the "
                                         "terminate (Terminating:Wait while a lifecycle hook holds the instance).")
     marked: bool = Field(default=False, description="The Node carries REPLACED_ANNOTATION (verified).")

@@ -90,7 +90,7 @@ async def run(nodes: int, single: int) -> dict:
         dev_server_existing_path=binary("temporal"), data_converter=pydantic_data_converter,
         dev_server_extra_args=search_attribute_flags())
     session = boto3.Session(aws_access_key_id="x", aws_secret_access_key="x", region_name="us-east-1")
-    cloud = CloudActivities(session.client("ec2"), session.client("autoscaling"), session.client("ssm"), core)
+    cloud = CloudActivities.aws(session.client("ec2"), session.client("autoscaling"), session.client("ssm"), core)
     ledger = LedgerActivities(SqliteLedger(str(Path(tempfile.mkdtemp()) / "ledger.db")))
     tq = f"storm-{uuid.uuid4().hex[:6]}"
     # The bench measures the cordon path itself: with quarantine admission on, a fleet-wide storm

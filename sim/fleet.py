@@ -23,13 +23,14 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.worker import Worker
 
 from activities import contracts as c
-from activities.cloud import AWS_CLIENT_CONFIG, REBOOT_KEY_TAG, REBOOT_STATE_TAG, CloudActivities
+from activities.cloud import CloudActivities
 from activities.contracts import node_task_queue, remediation_workflow_id
 from activities.guard import GuardActivities
 from activities.kube import KubeActivities
 from activities.ledger import LedgerActivities, SqliteLedger
 from activities.node import NodeActivities
 from activities.policy import PolicyActivities
+from activities.providers.aws import AWS_CLIENT_CONFIG, REBOOT_KEY_TAG, REBOOT_STATE_TAG
 from health.nics import NicExpectation
 from health.runner import ProbeConfig
 from policies.findings import Finding
@@ -233,7 +234,7 @@ class SimulatedFleet:
         self._build(core)
         workers = []
         if controller:
-            cloud = CloudActivities(*(session.client(s, endpoint_url=aws, config=AWS_CLIENT_CONFIG) for s in ("ec2", "autoscaling", "ssm")), core)
+            cloud = CloudActivities.aws(*(session.client(s, endpoint_url=aws, config=AWS_CLIENT_CONFIG) for s in ("ec2", "autoscaling", "ssm")), core)
             self.ledger = SqliteLedger(self.ledger_path or self.tmp / "ledger.db")
             ledger, guard = LedgerActivities(self.ledger), GuardActivities(self.temporal)
             # Kept to start the controller again (a scenario's controller_restart event).

@@ -16,13 +16,14 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.service import RPCError
 from temporalio.worker import Worker
 
-from activities.cloud import REBOOT_KEY_TAG, REBOOT_STATE_TAG, CloudActivities
+from activities.cloud import CloudActivities
 from activities.contracts import guard_workflow_id, node_task_queue, remediation_workflow_id
 from activities.guard import GuardActivities
 from activities.kube import KubeActivities
 from activities.ledger import LedgerActivities, SqliteLedger
 from activities.node import NodeActivities
 from activities.policy import PolicyActivities
+from activities.providers.aws import REBOOT_KEY_TAG, REBOOT_STATE_TAG
 from health.nics import NicExpectation
 from health.runner import ProbeConfig
 from policies.loader import default_policy
@@ -105,7 +106,7 @@ async def gpu_cluster(dev_env, aws, tmp_path, uniq, policy):
                    lambda boot: Agent(dev_env.client, config, nv, boot_id=boot))
     node_acts = NodeActivities(probe, nv, proc=tmp_path / "proc", open_devices=sim_opener(nv))  # no CuPy here
     kube_acts = KubeActivities(core)
-    cloud_acts = CloudActivities(ec2, aws("autoscaling"), aws("ssm"), core)
+    cloud_acts = CloudActivities.aws(ec2, aws("autoscaling"), aws("ssm"), core)
     ledger = LedgerActivities(SqliteLedger(tmp_path / "ledger.db"))
     guard = GuardActivities(dev_env.client)
     controller = Worker(dev_env.client, task_queue=tq, workflows=CONTROLLER_WORKFLOWS,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from activities import contracts as c
+from activities.providers import PROVIDERS
 from policies.model import Generation, Rung
 from workers import cli_local, cli_operator, cli_profiles, cli_serve
 from workers.telemetry import METRICS_HELP, TRACING_HELP
@@ -95,6 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
     ctl.add_argument("--policy", default="default",
                      help="the policy every episode acts on (episodes take it from the controller, never from a report)")
     ctl.add_argument("--cluster", default="default")
+    ctl.add_argument("--provider", default="aws", choices=sorted(PROVIDERS),
+                     help="who reboots and replaces machines: aws (EC2, Auto Scaling, Karpenter) or clusterapi "
+                          "(replace deletes the node's Machine; its cluster.x-k8s.io/cluster-name must be --cluster)")
+    ctl.add_argument("--machines-kubeconfig", default=None,
+                     help="clusterapi: the management cluster's kubeconfig, where the Machines are "
+                          "(default: the Nodes' API, a self-hosted cluster)")
     ctl.set_defaults(func=cli_serve.cmd_controller)
 
     agent = sub.add_parser("agent", help="run the node agent on this GPU node")

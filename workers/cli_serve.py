@@ -29,7 +29,8 @@ def cmd_controller(args) -> int:
         return 2
     cfg = ControllerConfig(task_queue=args.task_queue, kubeconfig=args.kubeconfig, ledger=args.ledger,
                            gpu_node_selector=args.gpu_node_selector or None, watch_conditions=rules,
-                           policy=policy, policy_source=args.policy, cluster=args.cluster)
+                           policy=policy, policy_source=args.policy, cluster=args.cluster,
+                           provider=args.provider, provider_kubeconfig=args.machines_kubeconfig)
 
     async def body(client, stop) -> None:
         print(f"gpuheal controller: serving {args.task_queue} on {address(args)}", file=sys.stderr, flush=True)

@@ -16,7 +16,7 @@ from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from activities import contracts as c
-from activities.cloud import AWS_CLIENT_CONFIG, CloudActivities
+from activities.cloud import CloudActivities
 from activities.contracts import guard_workflow_id
 from activities.guard import GuardActivities
 from activities.kube import CLUSTER_CALL_THREADS, KubeActivities, load_core_api
@@ -24,6 +24,9 @@ from activities.ledger import DynamoLedger, LedgerActivities, SqliteLedger
 from activities.load_ledger import LoadFigureActivities
 from activities.node_profile import NodeProfileActivities
 from activities.policy import PolicyActivities
+from activities.providers import make_provider
+from activities.providers.aws import AWS_CLIENT_CONFIG
+from activities.providers.base import ProviderSettings
 from policies.loader import default_policy
 from policies.model import GuardPolicy, Policy
 from workers.condition_watcher import ConditionRule, ConditionWatcher, WatcherConfig
@@ -48,6 +51,10 @@ class ControllerConfig:
     policy: Policy | None = None  # the policy every episode acts on (None: the defaults)
     policy_source: str = "default"  # where it was loaded from, shown with its hash in status
     cluster: str = "default"
+    # Who reboots and replaces machines (activities/providers): aws (EC2, Auto Scaling, Karpenter) or
+    # clusterapi (delete the Machine; its MachineSet makes a new one; no reboot).
+    provider: str = "aws"
+    provider_kubeconfig: str | None = None  # clusterapi: the management cluster's (None: the Machines are here)
 
 
 CONTROLLER_WORKFLOWS = [NodeRemediation, FleetGuard, NodeAdmission, NodeProfileLookup]
@@ -72,7 +79,9 @@ def build_worker(client: Client, cfg: ControllerConfig) -> Worker:
     kube = KubeActivities(core, cfg.events_namespace, cfg.gpu_node_selector)
     # boto3 finds region, credentials and endpoints (AWS_ENDPOINT_URL) the standard way.
     session = boto3.Session()
-    cloud = CloudActivities(*(session.client(s, config=AWS_CLIENT_CONFIG) for s in ("ec2", "autoscaling", "ssm")), core)
+    provider = make_provider(cfg.provider, core, ProviderSettings(
+        cluster=cfg.cluster, boto3_session=session, kubeconfig=cfg.provider_kubeconfig))
+    cloud = CloudActivities(provider, core)
     if cfg.ledger.startswith("dynamodb://"):
         store = DynamoLedger(session.client("dynamodb", config=AWS_CLIENT_CONFIG), cfg.ledger.removeprefix("dynamodb://"))
     else:

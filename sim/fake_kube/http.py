@@ -10,7 +10,7 @@ from urllib.parse import parse_qs, urlparse
 
 from sim.fake_kube.errors import ApiError
 from sim.fake_kube.selectors import field_matches, label_matches
-from sim.fake_kube.store import API_VERSION, KIND_BY_PLURAL, FakeKube
+from sim.fake_kube.store import API_VERSION, KIND_BY_PLURAL, RESOURCES, FakeKube
 from sim.fake_kube.table import table, wants_table
 from sim.local_http import LocalHttpServer
 
@@ -31,7 +31,14 @@ DISCOVERY = {
              "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]},
     "/apis": {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
         {"name": group, "versions": [{"groupVersion": f"{group}/v1", "version": "v1"}],
-         "preferredVersion": {"groupVersion": f"{group}/v1", "version": "v1"}} for group in ("apps", "policy")]},
+         "preferredVersion": {"groupVersion": f"{group}/v1", "version": "v1"}} for group in ("apps", "policy")] + [
+        {"name": "cluster.x-k8s.io", "versions": [{"groupVersion": "cluster.x-k8s.io/v1beta1", "version": "v1beta1"}],
+         "preferredVersion": {"groupVersion": "cluster.x-k8s.io/v1beta1", "version": "v1beta1"}}]},
+    "/apis/cluster.x-k8s.io/v1beta1": {"kind": "APIResourceList", "apiVersion": "v1",
+                                       "groupVersion": "cluster.x-k8s.io/v1beta1", "resources": [
+        _resource("machines", "Machine", True, ["ma"]),
+        _resource("machinesets", "MachineSet", True, ["ms"]),
+    ]},
     "/apis/apps/v1": {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "apps/v1", "resources": [
         _resource("daemonsets", "DaemonSet", True, ["ds"]),
     ]},
@@ -52,7 +59,7 @@ DISCOVERY = {
 
 # --- HTTP ----------------------------------------------------------------------------------------
 _PATH = re.compile(
-    r"^(?P<prefix>/api/v1|/apis/policy/v1|/apis/apps/v1)(?:/namespaces/(?P<ns>[^/]+))?/(?P<plural>[a-z]+)"
+    r"^(?P<prefix>/api/v1|/apis/policy/v1|/apis/apps/v1|/apis/cluster\.x-k8s\.io/v1beta1)(?:/namespaces/(?P<ns>[^/]+))?/(?P<plural>[a-z]+)"
     r"(?:/(?P<name>[^/]+))?(?:/(?P<sub>status|eviction))?$"
 )
 
@@ -110,6 +117,8 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._send(200, DISCOVERY[path])
             raise ApiError(404, "NotFound", f"the server could not find the requested resource ({path})")
         kind = KIND_BY_PLURAL[m["plural"]]
+        if RESOURCES[kind][0] != m["prefix"]:  # machines under /api/v1, say: no such resource there
+            raise ApiError(404, "NotFound", f"the server could not find the requested resource ({path})")
         ns, name, sub = m["ns"], m["name"], m["sub"]
         if kind == "Namespace" and ns and not name:
             name, ns = ns, None

@@ -23,9 +23,13 @@ RESOURCES = {
     "Event": ("/api/v1", "events", True),
     "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets", True),
     "DaemonSet": ("/apis/apps/v1", "daemonsets", True),
+    "Machine": ("/apis/cluster.x-k8s.io/v1beta1", "machines", True),
+    "MachineSet": ("/apis/cluster.x-k8s.io/v1beta1", "machinesets", True),
 }
 API_VERSION = {"Node": "v1", "Namespace": "v1", "Pod": "v1", "Event": "v1", "PodDisruptionBudget": "policy/v1",
-               "DaemonSet": "apps/v1"}
+               "DaemonSet": "apps/v1", "Machine": "cluster.x-k8s.io/v1beta1", "MachineSet": "cluster.x-k8s.io/v1beta1"}
+# Served from CustomResourceDefinitions: the API server takes no strategic merge patch for them (415).
+CUSTOM_KINDS = {"Machine", "MachineSet"}
 KIND_BY_PLURAL = {plural: kind for kind, (_, plural, _) in RESOURCES.items()}
 WATCH_LOG_LIMIT = 10000
 
@@ -147,11 +151,19 @@ class FakeKube:
                         merged.setdefault("metadata", {})[k] = cur["metadata"][k]
             merged.update(kind=kind, apiVersion=API_VERSION[kind])
             self.objects[(kind, namespace if RESOURCES[kind][2] else "", name)] = merged
-            return copy.deepcopy(self._bump(kind, merged, "MODIFIED"))
+            out = copy.deepcopy(self._bump(kind, merged, "MODIFIED"))
+            if "deletionTimestamp" in merged["metadata"] and not merged["metadata"].get("finalizers"):
+                self._finish_delete(kind, namespace, name)  # the last finalizer removed: gone now
+            return out
 
     def patch(self, kind: str, namespace: str, name: str, body, content_type: str, subresource: str | None = None):
         with self.lock:
             cur = self.get(kind, namespace, name)
+            if kind in CUSTOM_KINDS and ("strategic-merge-patch" in content_type or not (
+                    "json-patch" in content_type or "merge-patch" in content_type)):
+                raise ApiError(415, "UnsupportedMediaType", f"the body of the request was in an unknown format - "
+                               f"accepted media types include: application/json-patch+json, "
+                               f"application/merge-patch+json, application/apply-patch+yaml ({content_type})")
             if "strategic-merge-patch" in content_type:
                 new = strategic_merge(cur, body)
             elif "json-patch" in content_type:
@@ -188,11 +200,21 @@ class FakeKube:
                     t.start()
                     self._timers.append(t)
                 return copy.deepcopy(cur)
+            if cur["metadata"].get("finalizers"):
+                # Kept until its finalizers are removed (each by the controller that set it).
+                if "deletionTimestamp" not in cur["metadata"]:
+                    cur["metadata"].update(deletionTimestamp=now_iso(0), deletionGracePeriodSeconds=0)
+                    self.objects[(kind, namespace if RESOURCES[kind][2] else "", name)] = cur
+                    self._bump(kind, cur, "MODIFIED")
+                return copy.deepcopy(cur)
             return self._finish_delete(kind, namespace, name)
 
     def _finish_delete(self, kind: str, namespace: str, name: str) -> dict | None:
         with self.lock:
-            obj = self.objects.pop((kind, namespace if RESOURCES[kind][2] else "", name), None)
+            key = (kind, namespace if RESOURCES[kind][2] else "", name)
+            if (self.objects.get(key) or {}).get("metadata", {}).get("finalizers"):
+                return copy.deepcopy(self.objects[key])  # a grace period ran out: finalizers still hold it
+            obj = self.objects.pop(key, None)
             if obj is not None:
                 self._bump(kind, obj, "DELETED")
             return obj

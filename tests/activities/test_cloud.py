@@ -9,15 +9,15 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities import contracts as c
-from activities.cloud import (
+from activities.cloud import CloudActivities
+from activities.kube import KubeActivities
+from activities.providers.aws import (
     REBOOT_AT_TAG,
     REBOOT_FROM_TAG,
     REBOOT_KEY_TAG,
     REBOOT_STATE_TAG,
-    CloudActivities,
     instance_id_from_provider_id,
 )
-from activities.kube import KubeActivities
 from sim.fake_kube import FakeKubeServer
 
 OWNED = [{"Key": "gpuheal.io/managed", "Value": "true"}]
@@ -49,7 +49,7 @@ def cloud(aws):
         server.kube.add_node(node, provider_id=f"aws:///us-east-1a/{iid}")
         return iid
 
-    yield CloudActivities(ec2, asg, ssm, client.CoreV1Api(api)), instance, ec2, asg, server.kube
+    yield CloudActivities.aws(ec2, asg, ssm, client.CoreV1Api(api)), instance, ec2, asg, server.kube
     api.close()
     server.stop()
 
@@ -265,7 +265,7 @@ async def test_replace_behind_a_lifecycle_hook_is_under_way(cloud):
     failed, and a retry does not terminate again (issue 22, defect 13)."""
     acts, instance, ec2, asg, _ = cloud
     iid = instance("n9", in_asg=True)
-    acts.autoscaling = HookedAutoScaling(asg)
+    acts.provider.autoscaling = HookedAutoScaling(asg)
     r = await run(acts.replace, c.ReplaceRequest(node="n9", idempotency_key="k"))
     assert (r.action, r.lifecycle_state) == ("asg", "Terminating:Wait") and state(ec2, iid) == "running"
     again = await run(acts.replace, c.ReplaceRequest(node="n9", idempotency_key="k"))

@@ -15,7 +15,9 @@ from kubernetes import client
 from temporalio.testing import ActivityEnvironment
 
 from activities import contracts as c
+from activities.cloud import CloudActivities
 from activities.kube import KubeActivities
+from activities.providers.clusterapi import ClusterApiProvider
 from policies.loader import policy_from_mapping
 from sim.fake_kube import FakeKubeServer
 from workers.cli_parser import build_parser
@@ -164,15 +166,25 @@ def _rule_for(method: str) -> tuple[str, str]:
     return resource, {"read": "get", "replace": "update"}.get(verb, verb)
 
 
+CUSTOM = re.compile(r"^(get|list|delete|patch)_namespaced_custom_object$")
+
+
 def calls_in_code() -> set[tuple[str, str]]:
-    """Every `self.core.<method>` the controller's code touches; a watch stream adds `watch`."""
+    """Every `core.<method>` (or `self.core.<method>`) the controller's code touches, every custom
+    object call (the Cluster API provider's Machines); a watch stream adds `watch`."""
+    from activities.providers import clusterapi
+
     out = set()
-    files = [*(ROOT / "activities").glob("*.py"), *(ROOT / "workers").glob("*.py")]
+    files = [*(ROOT / "activities").rglob("*.py"), *(ROOT / "workers").glob("*.py")]
     for f in files:
         tree = ast.parse(f.read_text())
         for node in ast.walk(tree):
-            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) and node.value.attr == "core":
-                out.add(_rule_for(node.attr))
+            on = node.value if isinstance(node, ast.Attribute) else None
+            if (isinstance(on, ast.Attribute) and on.attr == "core") or (isinstance(on, ast.Name) and on.id == "core"):
+                if METHOD.match(node.attr):
+                    out.add(_rule_for(node.attr))
+            if isinstance(on, ast.Attribute) and on.attr == "custom" and CUSTOM.match(node.attr):
+                out.add((f"{clusterapi.GROUP}/{clusterapi.PLURAL}", CUSTOM.match(node.attr)[1]))
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "stream":
                 for arg in node.args[:1]:
                     if isinstance(arg, ast.Attribute):
@@ -184,8 +196,9 @@ def granted() -> set[tuple[str, str]]:
     role = next(d for d in manifests() if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "gpuheal-controller")
     out = set()
     for rule in role["rules"]:
-        assert rule["apiGroups"] == [""], "gpuheal only uses the core API group"
-        out |= {(r, v) for r in rule["resources"] for v in rule["verbs"]}
+        assert len(rule["apiGroups"]) == 1, "one API group per rule"
+        group = rule["apiGroups"][0]
+        out |= {(f"{group}/{r}" if group else r, v) for r in rule["resources"] for v in rule["verbs"]}
     return out
 
 
@@ -196,6 +209,10 @@ def test_rbac_is_exactly_what_the_code_calls():
 
 
 def _wire_rule(verb: str, path: str, query: str) -> tuple[str, str]:
+    group = ""
+    if path.startswith("/apis/"):  # /apis/<group>/<version>/...
+        group, _, rest = path.removeprefix("/apis/").partition("/")
+        path = "/api/v1/" + rest.partition("/")[2]
     parts = path.removeprefix("/api/v1/").split("/")
     if parts[0] == "namespaces" and len(parts) > 2:
         parts = parts[2:]
@@ -204,7 +221,7 @@ def _wire_rule(verb: str, path: str, query: str) -> tuple[str, str]:
     k8s = {"POST": "create", "PATCH": "patch", "DELETE": "delete", "PUT": "update"}.get(verb)
     if verb == "GET":
         k8s = "get" if named else ("watch" if "watch=" in query.lower() else "list")
-    return resource, k8s
+    return (f"{group}/{resource}" if group else resource), k8s
 
 
 async def test_rbac_covers_every_request_the_activities_send():
@@ -234,11 +251,17 @@ async def test_rbac_covers_every_request_the_activities_send():
         await asyncio.sleep(0.5)
         stop.set()
         await asyncio.wait_for(task, 10)
+        from tests.activities.test_clusterapi import add_machine
+
+        add_machine(k, "n2", cluster="rbac")
+        await env.run(CloudActivities(ClusterApiProvider(core, "rbac"), core).replace,
+                      c.ReplaceRequest(node="n2", idempotency_key="e/replace"))
     finally:
         api.close()
         server.stop()
     wire = {_wire_rule(verb, path, query) for verb, path, query in k.requests}
     assert ("pods/eviction", "create") in wire and ("pods", "delete") in wire and ("nodes", "watch") in wire, wire
+    assert ("cluster.x-k8s.io/machines", "delete") in wire, wire
     assert wire <= granted(), f"sent but not granted: {sorted(wire - granted())}"
 
 

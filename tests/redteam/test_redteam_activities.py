@@ -13,10 +13,10 @@ from kubernetes import client
 from temporalio.testing import ActivityEnvironment
 
 from activities import contracts as c
-from activities.cloud import REBOOT_STATE_TAG
 from activities.kube import replaced_host
 from activities.ledger import SqliteLedger
 from activities.node import NodeActivities
+from activities.providers.aws import REBOOT_STATE_TAG
 from sim.nvml import SimulatedNvml
 from tests.activities.test_cloud import cloud, run  # noqa: F401 (the fixture)
 from tests.activities.test_node import gpu_process, node  # noqa: F401 (the fixture)

@@ -150,3 +150,21 @@ def test_get_nodes_watch_shows_a_cordon(cluster, tmp_path):
     finally:
         run.kill()
     assert seen[0].split()[:2] == ["NAME", "STATUS"] and any("Ready,SchedulingDisabled" in s for s in seen), seen
+
+
+def test_cluster_api_machines(cluster):
+    """kubectl finds Machines through discovery (cluster.x-k8s.io/v1beta1), and `kubectl delete`
+    of a Machine holding its finalizer leaves it terminating, as the API server does, until the
+    finalizer goes: what the Cluster API provider's replace relies on."""
+    from tests.activities.test_clusterapi import MERGE, NS, add_machine
+
+    server, kubectl = cluster
+    name = add_machine(server.kube, "n1")
+    doc = json.loads(kubectl("get", "machines", "-n", NS, "-o", "json").stdout)
+    assert [i["metadata"]["name"] for i in doc["items"]] == [name]
+    assert name in kubectl("get", "machine.cluster.x-k8s.io", name, "-n", NS).stdout
+    kubectl("delete", "machine", name, "-n", NS, "--wait=false")
+    left = server.kube.get("Machine", NS, name)
+    assert "deletionTimestamp" in left["metadata"], "a finalizer holds it: terminating, not gone"
+    server.kube.patch("Machine", NS, name, {"metadata": {"finalizers": None}}, MERGE)
+    assert "NotFound" in kubectl("get", "machine", name, "-n", NS, ok=False).stderr
