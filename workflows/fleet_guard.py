@@ -29,6 +29,7 @@ with workflow.unsafe.imports_passed_through():
         PATCH_GUARD_NEVER_WEDGED,
         PATCH_GUARD_PAGED_CHECK,
         PATCH_GUARD_REGRANT_WAITS,
+        PATCH_GUARD_ROOM_COUNTS_OTHERS,
         PATCH_GUARD_STALE_REQUESTS,
         PATCH_GUARD_STEADY_RECHECK,
         PATCH_GUARD_UPGRADE,
@@ -71,6 +72,7 @@ class FleetGuard(GuardBooks):
         self._regrant_waits = workflow.patched(PATCH_GUARD_REGRANT_WAITS)
         self._steady_recheck = workflow.patched(PATCH_GUARD_STEADY_RECHECK)
         self._stale_requests = workflow.patched(PATCH_GUARD_STALE_REQUESTS)
+        self._room_counts_others = workflow.patched(PATCH_GUARD_ROOM_COUNTS_OTHERS)
         self._rechecks: list[tuple[datetime, asyncio.Task]] = []  # re-check timers still to fire, by due time
         self._holder_check = None
         self._upgrade = False

@@ -49,7 +49,7 @@ class GuardBooks(GuardGates):
         for w in [*self.s.deferred, *(Waiting(holder=n.holder, node=n.node, since=now) for n in new)]:
             if any(x.holder == w.holder for x in still):
                 continue
-            if self._room_for(w.node):
+            if self._room_for(w.node, w.holder):
                 self.s.unhealthy[w.node] = w.holder
                 self._answers.append((w.holder, QuarantineAnswer(admitted=True)))
                 continue
@@ -60,10 +60,15 @@ class GuardBooks(GuardGates):
             still.append(w)
         self.s.deferred = still[:MAX_DEFERRED_KEPT]
 
-    def _room_for(self, node: str) -> bool:
+    def _room_for(self, node: str, holder: str) -> bool:
         limit = self._max_unhealthy()
-        return (node in self.s.unhealthy or not self.policy.defer_quarantine or limit is None
-                or len(self.s.unhealthy) < limit)
+        if not self.policy.defer_quarantine or limit is None:
+            return True
+        if not self._room_counts_others:
+            return node in self.s.unhealthy or len(self.s.unhealthy) < limit
+        # Its own episode asking again is in already. Any other entry for the node (a taint seen at
+        # the last reconcile, maybe lifted since) gives no free room: the others must leave some.
+        return self.s.unhealthy.get(node) == holder or len([n for n in self.s.unhealthy if n != node]) < limit
 
     async def _answer(self) -> None:
         """One pass's answers go out together: awaited one by one, each would cost the guard a

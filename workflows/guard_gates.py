@@ -23,6 +23,7 @@ class GuardGates:
     s: GuardState
     _wake: bool
     _never_wedged: bool
+    _room_counts_others: bool
     _idle_recheck: bool
     _rechecks: list[tuple[datetime, asyncio.Task]]
 

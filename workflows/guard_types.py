@@ -30,6 +30,10 @@ PATCH_GUARD_STEADY_RECHECK = "guard-steady-recheck"
 # (safety simulation, seed 385: a phantom holder kept the budget of one while its episode waited
 # for approval).
 PATCH_GUARD_STALE_REQUESTS = "guard-stale-requests"
+# workflow.patched id: quarantine room for a node the books list without its episode (a taint seen
+# at the last reconcile) counts the other nodes, instead of being given at once: a lifted node's
+# next fault went over max_unhealthy (safety soak, seed 791).
+PATCH_GUARD_ROOM_COUNTS_OTHERS = "guard-room-counts-others"
 # workflow.patched id: a guard run started before guard-never-wedged continues as new when the
 # controller asks (the `upgrade` update, sent at controller start), so it meets the new behaviour
 # (issue 22: 11).

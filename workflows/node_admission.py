@@ -35,6 +35,9 @@ with workflow.unsafe.imports_passed_through():
 PATCH_ADMISSION_TRUSTED = "admission-trusted"
 # A node with a remediation episode running is not tainted or validated until that episode ends.
 PATCH_ADMISSION_NOT_BESIDE_EPISODE = "admission-not-beside-episode"
+# After waiting for that episode, the node is checked again: one it replaced (the old host, still
+# registered) or left quarantined for a person is not tainted or validated (safety soak, seed 669).
+PATCH_ADMISSION_RECHECK = "admission-recheck-after-episode"
 
 
 class AdmissionInput(BaseModel):
@@ -95,6 +98,7 @@ class NodeAdmission:
         profiles = workflow.patched(PATCH_NODE_PROFILES)  # decided before the first local activity
         load = workflow.patched(PATCH_LOAD_VALIDATION)  # before the first local activity
         self._beside_episode_check = workflow.patched(PATCH_ADMISSION_NOT_BESIDE_EPISODE)  # likewise
+        self._recheck = workflow.patched(PATCH_ADMISSION_RECHECK)  # likewise
         cluster = None
         if controller_policy_applies():
             snap = await take_controller_policy(inp.node)
@@ -152,8 +156,14 @@ class NodeAdmission:
                                  f"check {node} is a GPU node of this cluster", c.NodeCheckResult)
         if not (found.exists and found.ours):
             return self._result(Outcome.REJECTED, f"rejected: {found.reason}", 0)
-        if self._beside_episode_check:
-            await self._wait_for_episode_end(node, cluster, p)
+        if self._beside_episode_check and await self._wait_for_episode_end(node, cluster, p) and self._recheck:
+            found = await self._step(c.KUBE_CHECK_NODE, c.NodeCheckRequest(node=node),
+                                     f"check {node} again after its remediation", c.NodeCheckResult)
+            if not (found.exists and found.ours):
+                return self._result(Outcome.REJECTED, f"rejected after its remediation: {found.reason}", 0)
+            if found.quarantined:
+                return self._result(Outcome.QUARANTINED, f"its remediation left {node} quarantined "
+                                    f"({found.quarantined}) for a person: nothing done", 0)
         summary = f"read {node}'s hardware ids from its own agent"
         try:
             hw = await call(c.NODE_HARDWARE_IDS, c.HardwareIdsRequest(node=node), c.HardwareIdsResult, summary=summary,
@@ -205,7 +215,7 @@ class NodeAdmission:
                              f"record {node}'s admission in the ledger")
         return self._result(Outcome.HEALTHY, "validated twice; admitted", passed)
 
-    async def _wait_for_episode_end(self, node: str, cluster: str, p: Policy) -> None:
+    async def _wait_for_episode_end(self, node: str, cluster: str, p: Policy) -> bool:
         """A remediation episode runs for the node (its first report raced the admission, or the node
         served before gpuheal came): the unvalidated taint and the validation wait until it ends, so
         the two never take the node out of service beside each other past the guard's count."""
@@ -219,6 +229,7 @@ class NodeAdmission:
             every = min(every * 2, timedelta(hours=1))
         if waited:
             self._record("remediation", f"{node}'s remediation ended: admission goes on", True)
+        return waited
 
     async def _episode_running(self, node: str, cluster: str) -> str | None:
         ids = [c.remediation_workflow_id(node, cluster), c.legacy_remediation_workflow_id(node)]

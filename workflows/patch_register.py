@@ -76,11 +76,13 @@ PATCHES = MappingProxyType({p.id: p for p in (
     Patch("validation-under-load", (EPISODE, ADMISSION), "validation under load"),
     Patch("admission-trusted", (ADMISSION,), "issue 22: 3"),
     Patch("admission-not-beside-episode", (ADMISSION,), "issue 22"),
+    Patch("admission-recheck-after-episode", (ADMISSION,), "issue 22, safety soak seed 669"),
     Patch("guard-never-wedged", (GUARD,), "guard never wedged"),
     Patch("guard-idle-recheck", (GUARD,), "guard idle re-check"),
     Patch("guard-paged-holder-check", (GUARD,), "issue 22: 10"),
     Patch("guard-regrant-waits", (GUARD,), "issue 22, safety simulation"),
     Patch("guard-steady-recheck", (GUARD,), "issue 22, safety simulation (sdk-java#3088)"),
     Patch("guard-stale-requests", (GUARD,), "issue 22, safety soak seed 385"),
+    Patch("guard-room-counts-others", (GUARD,), "issue 22, safety soak seed 791"),
     Patch("guard-upgrade", (GUARD,), "issue 22: 11"),
 )})

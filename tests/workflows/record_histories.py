@@ -25,6 +25,7 @@ from workflows.node_remediation import NodeRemediation
 
 HISTORIES = Path(__file__).resolve().parent.parent / "histories"
 GUARD_HISTORIES = HISTORIES / "guard"  # FleetGuard's paths (issue: never wedged)
+ADMISSION_HISTORIES = HISTORIES / "admission"  # NodeAdmission's paths
 
 
 def fast_policy(**ladder_approval) -> Policy:
@@ -120,6 +121,46 @@ async def record_guard(env: WorkflowEnvironment, name: str) -> dict:
     return {"guard_path": name, "outcomes": sorted(r.outcome.value for r in results), "events": len(history.events)}
 
 
+# admission path -> (a fault on the node while it is admitted, its hardware denylisted)
+ADMISSION_PATHS = {
+    "admitted": (False, False),  # a new node: tainted, validated twice, admitted
+    "denied_replaced": (False, True),  # its hardware is denylisted: replaced under a lease
+    "after_episode": (True, False),  # a remediation runs: the admission waits, checks again, goes on
+}
+
+
+async def record_admission(env: WorkflowEnvironment, name: str) -> dict:
+    from activities.contracts import admission_workflow_id
+    from workers.reporting import start_admission
+    from workflows.node_admission import NodeAdmission
+
+    faulty, denied = ADMISSION_PATHS[name]
+    u = uuid.uuid4().hex[:6]
+    policy = fast_policy()
+    fleet = FakeFleet(client=env.client, task_queue=f"rec-{u}", policy=policy, cluster=f"rec-{u}")
+    hold = asyncio.Event() if faulty else None  # the episode's drain waits while the admission starts
+    node = fleet.add(FakeNode(f"{name.replace('_', '-')}-node", [xid(48)] if faulty else [], faulty=faulty,
+                              cured_by="reset", hold=hold))
+    if denied:
+        fleet.denylist[node.ids()[1].uuid] = "replaced: Xid 79"
+    async with fleet.workers():
+        episode = await fleet.report(node.name) if faulty else None
+        await start_admission(env.client, node=node.name, cluster=fleet.cluster, hardware_ids=[],
+                              task_queue=fleet.task_queue)
+        handle = env.client.get_workflow_handle_for(NodeAdmission.run, admission_workflow_id(node.name, fleet.cluster))
+        if hold is not None:
+            while not any(a.step == "remediation" for a in await handle.query(NodeAdmission.actions_so_far)):
+                await asyncio.sleep(0.05)
+            hold.set()
+        result = await handle.result()
+        if episode is not None:
+            await episode.result()
+        history = await handle.fetch_history()
+    ADMISSION_HISTORIES.mkdir(exist_ok=True)
+    (ADMISSION_HISTORIES / f"{name}.json").write_text(json.dumps(json.loads(history.to_json()), indent=1) + "\n")
+    return {"admission_path": name, "outcome": result.outcome, "events": len(history.events)}
+
+
 async def main() -> None:
     HISTORIES.mkdir(exist_ok=True)
     env = await WorkflowEnvironment.start_local(
@@ -127,11 +168,13 @@ async def main() -> None:
         dev_server_extra_args=search_attribute_flags(),
     )
     try:
-        only_guard = "--guard" in sys.argv
-        for name in [] if only_guard else PATHS:
+        only_guard, only_admission = "--guard" in sys.argv, "--admission" in sys.argv
+        for name in [] if only_guard or only_admission else PATHS:
             print(json.dumps(await record(env, name)))
-        for name in GUARD_PATHS:
+        for name in [] if only_admission else GUARD_PATHS:
             print(json.dumps(await record_guard(env, name)))
+        for name in [] if only_guard else ADMISSION_PATHS:
+            print(json.dumps(await record_admission(env, name)))
     finally:
         await env.shutdown()
 

@@ -71,7 +71,9 @@ async def test_an_admission_waits_for_a_running_episode_to_end(ts_env, uniq):
     """A node under remediation gets an admission (its first report raced the agent's admission, or it
     served before gpuheal came and a start of `admit/<cluster>/<node>` arrives): its unvalidated taint
     and validation would take the node out of service past the guard's count (safety simulation, seed
-    24). Nothing is done until the episode ends; then admission goes on."""
+    24). Nothing is done until the episode ends; then the node is checked again: this episode was
+    terminated with the node quarantined, so it is held for a person and the admission does nothing
+    (safety soak, seed 669: an admission tainted and validated a node its episode had replaced)."""
     from tests.workflows.test_sender_cannot_steer import _awaiting_reboot
 
     fleet = make_fleet(ts_env, uniq, controller_policy())  # reboot waits a day for approval
@@ -93,4 +95,33 @@ async def test_an_admission_waits_for_a_running_episode_to_end(ts_env, uniq):
         n.faulty = False
         result = await handle.result()
     assert during == [], f"the admission acted beside the episode: {during}"
-    assert "kube.quarantine" in n.calls[calls_before:] and result.outcome == "healthy", result
+    after = [x for x in n.calls[calls_before:] if x.startswith(("kube.quarantine", "kube.return", "node.", "cloud."))]
+    assert after == [] and result.outcome == "quarantined", (after, result)
+    assert "left" in result.reason and "for a person" in result.reason, result.reason
+
+
+async def test_an_admission_after_an_episode_that_returned_the_node_goes_on(ts_env, uniq):
+    fleet = make_fleet(ts_env, uniq, controller_policy())
+    hold = asyncio.Event()
+    n = fleet.add(FakeNode(f"after-{uniq}", [xid(48)], cured_by="reset", hold=hold))
+    async with fleet.workers():
+        episode = await fleet.report(n.name)
+        await wait_for(lambda: _true("kube.drain" in n.calls), timeout=20)
+        handle = await ts_env.client.start_workflow(
+            NodeAdmission.run, AdmissionInput(node=n.name, hardware_ids=[]),
+            id=admission_workflow_id(n.name, fleet.cluster), task_queue=fleet.task_queue)
+
+        async def waiting() -> bool:
+            return any(a.step == "remediation" for a in await handle.query(NodeAdmission.actions_so_far))
+
+        await wait_for(waiting, timeout=20)
+        hold.set()
+        assert (await episode.result()).outcome in ("validated", "returned")
+        result = await handle.result()
+    assert result.outcome == "healthy", result
+    checks = [a for a in result.actions if a.step == "kube.check_node"]
+    assert len(checks) == 2 and "again after its remediation" in checks[1].summary, checks
+
+
+async def _true(value):
+    return value

@@ -13,12 +13,15 @@ from temporalio.workflow import NondeterminismError
 
 from tests.workflows.changed_workflows import NodeRemediationChangedPatched, NodeRemediationChangedUnpatched
 from workflows.fleet_guard import FleetGuard
+from workflows.node_admission import NodeAdmission
 from workflows.node_remediation import NodeRemediation
 
 # The newest recordings, plus those made before each patch (subfolders named after the patch).
 ROOT = Path(__file__).resolve().parent.parent / "histories"
 GUARD = ROOT / "guard"  # FleetGuard's own recordings
-HISTORIES = sorted(p for p in ROOT.rglob("*.json") if GUARD not in p.parents)
+ADMISSION = ROOT / "admission"  # NodeAdmission's
+HISTORIES = sorted(p for p in ROOT.rglob("*.json") if GUARD not in p.parents and ADMISSION not in p.parents)
+ADMISSION_PATHS = {"admitted", "denied_replaced", "after_episode"}
 GUARD_PATHS = {"canary_failed", "quarantine_deferred"}
 REQUIRED_PATHS = {"kill_only", "reset", "reboot", "replace", "probation_recurrence", "approval"}
 # Paths that exist since the do-no-harm patch: recorded with the newest code only.
@@ -51,9 +54,10 @@ def load(path: Path) -> WorkflowHistory:
 def test_every_required_path_is_recorded():
     assert REQUIRED_PATHS | DO_NO_HARM_PATHS <= {p.stem for p in HISTORIES if p.parent == ROOT}
     assert GUARD_PATHS <= {p.stem for p in GUARD.glob("*.json")}
+    assert ADMISSION_PATHS <= {p.stem for p in ADMISSION.glob("*.json")}
     for before in (d for d in GUARD.iterdir() if d.is_dir()):
         assert GUARD_PATHS <= {p.stem for p in before.glob("*.json")}, f"guard/{before.name}: a path is missing"
-    for before in (d for d in ROOT.iterdir() if d.is_dir() and d != GUARD):
+    for before in (d for d in ROOT.iterdir() if d.is_dir() and d not in (GUARD, ADMISSION)):
         assert REQUIRED_PATHS <= {p.stem for p in before.glob("*.json")}, f"{before.name}: a path is missing"
 
 
@@ -68,6 +72,14 @@ async def test_guard_history_replays(path: Path):
     doc = json.loads(path.read_text())
     history = WorkflowHistory.from_json(recorded_id(doc, "fleet-guard", "cluster"), doc)
     replayer = Replayer(workflows=[FleetGuard], data_converter=pydantic_data_converter)
+    await replayer.replay_workflow(history)
+
+
+@pytest.mark.parametrize("path", sorted(ADMISSION.rglob("*.json")), ids=lambda p: str(p.relative_to(ADMISSION).with_suffix("")))
+async def test_admission_history_replays(path: Path):
+    doc = json.loads(path.read_text())
+    history = WorkflowHistory.from_json(recorded_id(doc, "admit", "node"), doc)
+    replayer = Replayer(workflows=[NodeAdmission], data_converter=pydantic_data_converter)
     await replayer.replay_workflow(history)
 
 
