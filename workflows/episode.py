@@ -20,6 +20,7 @@ with workflow.unsafe.imports_passed_through():
         ISSUE22_REDTEAM_PATCHES,
         MAX_ACTIONS_KEPT,
         MAX_RUN_IDS_KEPT,
+        PATCH_AGENT_GPUS,
         PATCH_BOUNDED_STATE,
         PATCH_DO_NO_HARM,
         PATCH_EPISODE_IDENTITY,
@@ -185,7 +186,15 @@ class Episode:
         return f"{workflow.info().workflow_id}/{self.s.run_ids[0]}"
 
     def _gpus(self) -> list[int]:
-        return self.s.triage.gpus if self.s.triage else []
+        """The GPUs kill and reset target: the fault's, and (target-agent-gpus-only) of those only the
+        ones the node's own agent named."""
+        gpus = self.s.triage.gpus if self.s.triage else []
+        return [g for g in gpus if g in self.s.agent_gpus] if self._fixed(PATCH_AGENT_GPUS) else gpus
+
+    def _gpus_unconfirmed(self) -> list[int]:
+        """The fault's GPUs that no report from the node's own agent named (nothing may target them)."""
+        gpus = self.s.triage.gpus if self.s.triage else []
+        return [g for g in gpus if g not in self._gpus()]
 
     def _fault_label(self) -> str:
         t = self.s.triage

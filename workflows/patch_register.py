@@ -70,6 +70,7 @@ PATCHES = MappingProxyType({p.id: p for p in (
     Patch("replace-on-agent-recurrence", (EPISODE,), "issue 22, red team"),
     Patch("implicate-platform-findings-only", (EPISODE,), "issue 22, red team"),
     Patch("commit-before-close", (EPISODE,), "issue 22, safety simulation seed 35"),
+    Patch("target-agent-gpus-only", (EPISODE,), "issue 22, safety soak seed 1211"),
     Patch("controller-policy", (EPISODE, ADMISSION), "the controller's policy"),
     Patch("outcome-ledger", (EPISODE,), "issue 26"),
     Patch("suspect-load-test", (EPISODE,), "validation under load"),

@@ -147,6 +147,7 @@ class RemediationSteps(GuardClient):
         """Hardware a probe on the node itself named (the agent's report), for the denylist."""
         if report.source != "agent":
             return
+        self.s.agent_gpus = sorted({*self.s.agent_gpus, *t.gpus})
         platform_only = self._fixed(PATCH_IMPLICATE_PLATFORM_ONLY)
         acted = [v.finding for v in t.verdicts if v.rung is not None
                  and (v.attribution == "platform" or not platform_only)]

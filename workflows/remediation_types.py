@@ -95,7 +95,10 @@ PATCH_IMPLICATE_PLATFORM_ONLY = "implicate-platform-findings-only"
 # arriving meanwhile failed the closing task (UNHANDLED_COMMAND), the retry ran the local activities
 # again, their signals drew another answer, and so on for ever (safety simulation, seed 35).
 PATCH_CLOSE_BARRIER = "commit-before-close"
-ISSUE22_REDTEAM_PATCHES = (PATCH_CLOSE_BARRIER, PATCH_CHECK_REPORT_BOOT, PATCH_PAUSE_BEFORE_DRAIN, PATCH_REBOOT_DOUBT,
+# Kill and reset target only GPUs the node's own agent named: a report from anyone else naming a GPU
+# (a manual one, say) signalled that GPU's tenants (safety soak, seed 1211).
+PATCH_AGENT_GPUS = "target-agent-gpus-only"
+ISSUE22_REDTEAM_PATCHES = (PATCH_AGENT_GPUS, PATCH_CLOSE_BARRIER, PATCH_CHECK_REPORT_BOOT, PATCH_PAUSE_BEFORE_DRAIN, PATCH_REBOOT_DOUBT,
                            PATCH_FIRST_REPORT_DEADLINE, PATCH_GRANT_NEEDS_ID, PATCH_FAILED_ACTION_NO_REPLACE,
                            PATCH_REPLACE_ON_AGENT_RECURRENCE, PATCH_IMPLICATE_PLATFORM_ONLY)
 MAX_ACTIONS_KEPT = 200
@@ -180,6 +183,8 @@ class RemediationState(BaseModel):
     skip_to: Rung | None = None
     hardware_ids: list[str] = Field(default_factory=list)
     implicated: list[str] = Field(default_factory=list, description="Hardware ids a probe on the node named: the denylist's only source.")
+    agent_gpus: list[int] = Field(default_factory=list, description="GPUs the node's own agent named in a finding "
+                                  "acted on: the only GPUs kill and reset may target.")
     seen_events: list[str] = Field(default_factory=list, description="Event ids already heard (re-sends are no recurrence).")
     agent_missing: bool = Field(default=False, description="A node-local step found no agent polling node/<cluster>/<node>.")
     drain_left: list[str] = Field(default_factory=list, description="Pods the drain could not move (timed out, escalated).")

@@ -15,6 +15,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.lease import GuardClient
     from workflows.remediation_types import (
         PATCH_AGENT_BOOT,
+        PATCH_AGENT_GPUS,
         PATCH_AGENT_MISSING_TOP,
         PATCH_APP_AGENT_MISSING,
         PATCH_DRY_RUN_DENYLIST,
@@ -82,6 +83,13 @@ class RungActions(GuardClient):
         return await self._settle(Rung.KILL, summary, rp, "; ".join(result.spared[:3]))
 
     async def _reset(self, summary: str, key: str, rp: RungPolicy) -> bool:
+        if (unconfirmed := self._gpus_unconfirmed()) and not self._gpus():
+            # Not a whole-node reset either: the fault names GPUs, just not by the node's own probes.
+            why = (f"GPU {', '.join(map(str, unconfirmed))} named only by a report not from {self.node}'s own agent: "
+                   "nothing reset, no tenant signalled")
+            self._record(Rung.RESET.value, summary, False, why)
+            self._action_failed = why
+            return False
         await self._stop_gpu_processes(f"stop GPU processes on {self.node} before reset", rp, whole_node=True)
         await self._node_activity(c.NODE_RESET, c.ResetRequest(node=self.node, gpus=self._gpus(), dry_run=self.policy.dry_run),
                                   c.ResetResult, summary, rp)
@@ -93,6 +101,8 @@ class RungActions(GuardClient):
         gpus = self._gpus()
         every = not gpus and (whole_node or not self._fixed(PATCH_KILL_IMPLICATED))
         mig = self._mig_targets() if self._fixed(PATCH_KILL_IMPLICATED) else []
+        if self._fixed(PATCH_AGENT_GPUS):
+            mig = [m for m in mig if m.gpu_index in gpus]
         return await self._node_activity(c.NODE_KILL, c.KillRequest(node=self.node, gpus=gpus, all_gpus=every, mig=mig,
                                                                     dry_run=self.policy.dry_run),
                                          c.KillResult, summary, rp)

@@ -20,7 +20,7 @@ MUTANT_FINDS = {"dry_run": "dry-run", "lease": "max_disruptive", "agent_missing"
 # 385: a duplicate lease request after the lease went back, a phantom holder (guard-stale-requests);
 # 669, 780: an admission acted on a node its episode had replaced (admission-recheck-after-episode);
 # 791: a lifted node's next fault admitted over max_unhealthy (guard-room-counts-others).
-SOAK_FOUND = [385, 669, 780, 791, 1066]  # 1066: as 669 (the admission returned a node its episode left)
+SOAK_FOUND = [385, 669, 780, 791, 1066, 1211]  # 1066: as 669; 1211: a manual report's GPU killed (target-agent-gpus-only)
 
 
 def test_a_seed_names_one_schedule_exactly():

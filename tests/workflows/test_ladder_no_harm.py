@@ -268,3 +268,27 @@ async def test_repeat_offenders_are_counted_per_board(ts_env, uniq):
             n.findings, n.faulty = [xid(48, gpu=gpu)], True
             rungs.append([r.value for r in (await (await fleet.report(n.name)).result()).rungs])
     assert rungs == [["reset"], ["reset"], ["reset"], ["reset"], ["replace"]]
+
+
+async def test_a_gpu_named_only_by_a_manual_report_is_never_killed_or_reset(ts_env, uniq):
+    """Anyone able to signal can send a report naming GPU 1 (safety soak, seed 1211): kill and reset
+    target only GPUs the node's own agent named, so no tenant of GPU 1 is signalled and GPU 1 is
+    not reset; the ladder climbs past the reset it could not do."""
+    from policies.findings import HealthReport
+    from workers.reporting import send_report
+
+    fleet = make_fleet(ts_env, uniq)
+    n = fleet.add(FakeNode(f"man-{uniq}", [xid(48, gpu=1)], cured_by="reboot"))
+    async with fleet.workers():
+        manual = HealthReport(node=n.name, boot_id=f"boot-{n.name}-{n.boot}", seq=1, source="manual",
+                              gpus=n.ids(), findings=[xid(48, gpu=1)], detected_at=datetime.now(UTC))
+        handle = await send_report(fleet.client, manual, node=n.name, cluster=fleet.cluster,
+                                   task_queue=fleet.task_queue)
+        result = await handle.result()
+        status = await handle.query(NodeRemediation.status)
+    kills = n.requests.get("node.kill_gpu_processes", [])
+    assert all(not k.all_gpus and 1 not in k.gpus and not k.mig for k in kills), kills
+    assert not n.requests.get("node.reset_gpu"), "GPU 1 was reset on a manual report's word"
+    reset = [a for a in status.actions if a.step == "reset"]
+    assert reset and not reset[0].ok and "not from" in reset[0].detail, status.actions
+    assert "reboot" in [r.value for r in result.rungs], result
