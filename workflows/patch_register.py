@@ -71,6 +71,7 @@ PATCHES = MappingProxyType({p.id: p for p in (
     Patch("implicate-platform-findings-only", (EPISODE,), "issue 22, red team"),
     Patch("commit-before-close", (EPISODE,), "issue 22, safety simulation seed 35"),
     Patch("target-agent-gpus-only", (EPISODE,), "issue 22, safety soak seed 1211"),
+    Patch("hold-when-unchecked", (EPISODE,), "issue 22, safety soak seeds 1460, 1562"),
     Patch("controller-policy", (EPISODE, ADMISSION), "the controller's policy"),
     Patch("outcome-ledger", (EPISODE,), "issue 26"),
     Patch("suspect-load-test", (EPISODE,), "validation under load"),

@@ -19,6 +19,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.remediation_types import (
         PATCH_APPROVAL_NO_LEASE,
         PATCH_CHECK_REPORT_BOOT,
+        PATCH_HOLD_UNCHECKED,
         PATCH_IMPLICATE_PLATFORM_ONLY,
         PATCH_REPEAT_PER_BOARD,
         Outcome,
@@ -30,11 +31,17 @@ class RemediationSteps(GuardClient):
     _hold_news: bool = False  # a report came while the node was held
     async def _node_is_ours(self) -> bool:
         """A report for a node that does not exist, or is not a GPU node of ours, ends here: no lease,
-        no cordon, no ledger, no denylist. When the API cannot say, the cordon's own checks decide."""
+        no cordon, no ledger, no denylist. When the API cannot say, the cordon's own checks decide
+        whether it exists; whether an earlier episode left it quarantined is unknown then, so
+        (hold-when-unchecked) it is held for a person until a new report can be checked."""
         # The report's boot: a late one from the host gpuheal replaced is refused by the Node's mark.
         boot = self.s.latest.boot_id if self._fixed(PATCH_CHECK_REPORT_BOOT) and self.s.latest else None
         found = await self._kube(c.KUBE_CHECK_NODE, c.NodeCheckRequest(node=self.node, boot_id=boot), c.NodeCheckResult,
                                  f"check {self.node} is a GPU node of this cluster")
+        if found is None and self._holds() and self._fixed(PATCH_HOLD_UNCHECKED):
+            self.s.held = (f"could not ask the API server whether {self.node} carries {c.QUARANTINE_TAINT} from an "
+                           f"earlier episode: held for a person (a new report asks again; gpuheal lift {self.node})")
+            return True
         if found is None or (found.exists and found.ours):
             if found is not None and self._holds():
                 self.s.held = (f"{self.node} still carries {c.QUARANTINE_TAINT}={found.quarantined} from an earlier "

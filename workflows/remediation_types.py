@@ -98,7 +98,10 @@ PATCH_CLOSE_BARRIER = "commit-before-close"
 # Kill and reset target only GPUs the node's own agent named: a report from anyone else naming a GPU
 # (a manual one, say) signalled that GPU's tenants (safety soak, seed 1211).
 PATCH_AGENT_GPUS = "target-agent-gpus-only"
-ISSUE22_REDTEAM_PATCHES = (PATCH_AGENT_GPUS, PATCH_CLOSE_BARRIER, PATCH_CHECK_REPORT_BOOT, PATCH_PAUSE_BEFORE_DRAIN, PATCH_REBOOT_DOUBT,
+# A node whose check the API server could not answer is held for a person: whether an earlier episode
+# left it quarantined is unknown (safety soak, seeds 1460, 1562: a new episode drained such a node).
+PATCH_HOLD_UNCHECKED = "hold-when-unchecked"
+ISSUE22_REDTEAM_PATCHES = (PATCH_HOLD_UNCHECKED, PATCH_AGENT_GPUS, PATCH_CLOSE_BARRIER, PATCH_CHECK_REPORT_BOOT, PATCH_PAUSE_BEFORE_DRAIN, PATCH_REBOOT_DOUBT,
                            PATCH_FIRST_REPORT_DEADLINE, PATCH_GRANT_NEEDS_ID, PATCH_FAILED_ACTION_NO_REPLACE,
                            PATCH_REPLACE_ON_AGENT_RECURRENCE, PATCH_IMPLICATE_PLATFORM_ONLY)
 MAX_ACTIONS_KEPT = 200

@@ -20,7 +20,9 @@ MUTANT_FINDS = {"dry_run": "dry-run", "lease": "max_disruptive", "agent_missing"
 # 385: a duplicate lease request after the lease went back, a phantom holder (guard-stale-requests);
 # 669, 780: an admission acted on a node its episode had replaced (admission-recheck-after-episode);
 # 791: a lifted node's next fault admitted over max_unhealthy (guard-room-counts-others).
-SOAK_FOUND = [385, 669, 780, 791, 1066, 1211]  # 1066: as 669; 1211: a manual report's GPU killed (target-agent-gpus-only)
+# 1211: a manual report's GPU killed (target-agent-gpus-only); 1460, 1562: a node the API could not
+# check, drained by a new episode beside an earlier quarantine (hold-when-unchecked).
+SOAK_FOUND = [385, 669, 780, 791, 1066, 1211, 1460, 1562]  # 1066: as 669
 
 
 def test_a_seed_names_one_schedule_exactly():

@@ -42,3 +42,23 @@ async def test_a_resend_after_a_quarantined_ending_is_held_until_an_operator_lif
     assert not n.cordoned, "the lift uncordons"
     assert len(fleet.records) == 1, "no second ledger record toward repeat-offender replacement"
     assert n.calls.count("kube.drain") == 1
+
+
+async def test_a_node_the_api_cannot_check_is_held_not_drained(ts_env, uniq):
+    """Whether an earlier episode left the node quarantined is unknown when kube.check_node cannot
+    answer (safety soak, seeds 1460, 1562: a new episode drained and rebooted such a node): it is
+    held for a person with the reason, and nothing disruptive runs until a lift."""
+    fleet = make_fleet(ts_env, uniq)
+    n = fleet.add(FakeNode(f"unchecked-{uniq}", [xid(48)], cured_by="reset", fail={"kube.check_node"}))
+    async with fleet.workers():
+        handle = await fleet.report(n.name)
+
+        async def held() -> bool:
+            return bool((await handle.query(NodeRemediation.status)).held)
+
+        await wait_for(held, timeout=20)
+        st = await handle.query(NodeRemediation.status)
+        assert "could not ask the API server" in st.held and "gpuheal lift" in st.held, st.held
+        assert not any(x in n.calls for x in ("kube.drain", "node.kill_gpu_processes", "node.reset_gpu", "cloud.reboot"))
+        await handle.execute_update(NodeRemediation.lift, args=["checked by hand", "alice"])
+        await handle.result()
