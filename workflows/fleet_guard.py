@@ -27,6 +27,7 @@ with workflow.unsafe.imports_passed_through():
         OLD_BEHAVIOUR,
         PATCH_GUARD_IDLE_RECHECK,
         PATCH_GUARD_NEVER_WEDGED,
+        PATCH_GUARD_ORDERED_NEWS,
         PATCH_GUARD_PAGED_CHECK,
         PATCH_GUARD_REGRANT_WAITS,
         PATCH_GUARD_ROOM_COUNTS_OTHERS,
@@ -73,6 +74,7 @@ class FleetGuard(GuardBooks):
         self._steady_recheck = workflow.patched(PATCH_GUARD_STEADY_RECHECK)
         self._stale_requests = workflow.patched(PATCH_GUARD_STALE_REQUESTS)
         self._room_counts_others = workflow.patched(PATCH_GUARD_ROOM_COUNTS_OTHERS)
+        self._ordered_news = workflow.patched(PATCH_GUARD_ORDERED_NEWS)
         self._rechecks: list[tuple[datetime, asyncio.Task]] = []  # re-check timers still to fire, by due time
         self._holder_check = None
         self._upgrade = False
@@ -97,12 +99,9 @@ class FleetGuard(GuardBooks):
                 self.s.waiting_since[req.holder] = workflow.now()
         self._wake = True
 
-    def _stale(self, req: LeaseRequest) -> bool:
-        """A request for a lease its holder already gave back (a duplicate, or delivered late)."""
-        return self._stale_requests and bool(req.request_id) and self.s.released.get(req.holder) == req.request_id
-
     @workflow.signal(name=GUARD_SIGNAL_RELEASE)
     def release(self, rel: LeaseRelease) -> None:
+        self._news(rel.node, rel.sent_at)
         canary = any(h.holder == rel.holder and h.canary for h in self.s.holders)
         if self._stale_requests:
             given_back = [h.request_id for h in self.s.holders if h.holder == rel.holder]
@@ -126,6 +125,10 @@ class FleetGuard(GuardBooks):
 
     @workflow.signal(name=GUARD_SIGNAL_FAULT)
     def fault(self, notice: FaultNotice) -> None:
+        if not self._news(notice.node, notice.sent_at):
+            workflow.logger.warning("guard %s: stale fault notice for %s from %s ignored: newer news of it came first",
+                                    self.inp.cluster, notice.node[:200], notice.holder[:200])
+            return
         if notice.healthy:
             self.s.unhealthy.pop(notice.node, None)
         elif notice.admission and self._new():

@@ -5,7 +5,7 @@ nodes' taints; a guard started afresh learns its holders back before it grants a
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from temporalio import workflow
 from temporalio.exceptions import FailureError
@@ -14,7 +14,7 @@ with workflow.unsafe.imports_passed_through():
     from activities import contracts as c
     from workflows.calls import call, call_or_none
     from workflows.guard_gates import GuardGates
-    from workflows.guard_types import MAX_DEFERRED_KEPT, Lease, Waiting
+    from workflows.guard_types import MAX_DEFERRED_KEPT, MAX_NEWS_KEPT, Lease, Waiting
     from workflows.lease import HOLDER_SIGNAL_QUARANTINE, LeaseRequest, QuarantineAnswer
 
 
@@ -33,6 +33,23 @@ class GuardBooks(GuardGates):
         self.s.waiters = [w for w in self.s.waiters if w.holder != holder]
         self.s.waiting_since.pop(holder, None)
         self._wake = True
+
+    def _news(self, node: str, sent_at: datetime | None) -> bool:
+        """Notes the latest news time of the node; False when this message is older (stale)."""
+        if not self._ordered_news or sent_at is None or not node:
+            return True
+        last = self.s.news_at.get(node)
+        if last is not None and sent_at < last:
+            return False
+        self.s.news_at.pop(node, None)  # re-inserted: the newest last, the oldest dropped first
+        self.s.news_at[node] = sent_at
+        for old in list(self.s.news_at)[:max(0, len(self.s.news_at) - MAX_NEWS_KEPT)]:
+            del self.s.news_at[old]
+        return True
+
+    def _stale(self, req: LeaseRequest) -> bool:
+        """A request for a lease its holder already gave back (a duplicate, or delivered late)."""
+        return self._stale_requests and bool(req.request_id) and self.s.released.get(req.holder) == req.request_id
 
     # --- quarantine admission -------------------------------------------------------------------
     async def _admit(self) -> None:
@@ -79,7 +96,11 @@ class GuardBooks(GuardGates):
             try:
                 await workflow.get_external_workflow_handle(holder).signal(HOLDER_SIGNAL_QUARANTINE, answer)
             except FailureError:
-                self.s.unhealthy = {n: h for n, h in self.s.unhealthy.items() if h != holder}
+                # The holder is gone; its node may still be quarantined (an ending left it for a
+                # person): counted, holder unknown, until the reconcile reads the taints.
+                keep = "" if self._ordered_news else None
+                self.s.unhealthy = {n: (keep if h == holder else h) for n, h in self.s.unhealthy.items()
+                                    if h != holder or keep is not None}
                 self.s.deferred = [d for d in self.s.deferred if d.holder != holder]
 
         await asyncio.gather(*(answer_one(h, a) for h, a in answers))

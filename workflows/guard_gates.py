@@ -24,6 +24,7 @@ class GuardGates:
     _wake: bool
     _never_wedged: bool
     _room_counts_others: bool
+    _ordered_news: bool
     _idle_recheck: bool
     _rechecks: list[tuple[datetime, asyncio.Task]]
 

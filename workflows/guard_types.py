@@ -34,6 +34,12 @@ PATCH_GUARD_STALE_REQUESTS = "guard-stale-requests"
 # at the last reconcile) counts the other nodes, instead of being given at once: a lifted node's
 # next fault went over max_unhealthy (safety soak, seed 791).
 PATCH_GUARD_ROOM_COUNTS_OTHERS = "guard-room-counts-others"
+# workflow.patched id: a fault notice older than the guard's latest news of its node is stale and
+# ignored, and a node whose holder is gone when the guard answers it stays counted (holder unknown)
+# until the reconcile sees its taint: a duplicate of an ended episode's admission request, answered,
+# dropped a node it had left quarantined from the count, and another was admitted over max_unhealthy
+# (safety soak, seed 1723).
+PATCH_GUARD_ORDERED_NEWS = "guard-stale-news"
 # workflow.patched id: a guard run started before guard-never-wedged continues as new when the
 # controller asks (the `upgrade` update, sent at controller start), so it meets the new behaviour
 # (issue 22: 11).
@@ -42,6 +48,7 @@ OLD_BEHAVIOUR = ("this guard run started before guard-never-wedged: it answers n
                  "cordon waits admission_timeout) until it continues as new; a controller's start asks it to")
 MAX_DEFERRED_KEPT = 1000
 MAX_RELEASED_KEPT = 1000
+MAX_NEWS_KEPT = 20000  # nodes whose latest news time is kept (a 10,000-node fleet twice over)
 # Outcomes an episode reports when it ends or gives its lease back: these prove a canary.
 CANARY_PROVEN = frozenset({"validated", "returned", "replaced"})
 CANARY_FAILED = frozenset({"quarantined", "failed", "awaiting_approval"})
@@ -101,6 +108,8 @@ class GuardState(BaseModel):
     policy_changes: list[str] = Field(default_factory=list, description="Who changed the guard's policy, and when (10).")
     relearned: bool = False
     relearn_error: str = ""  # why the running episodes are not known yet (no lease meanwhile)
+    news_at: dict[str, datetime] = Field(default_factory=dict, description="node -> the sender's time of the "
+                                         f"guard's latest message about it (the newest {MAX_NEWS_KEPT} nodes).")
     released: dict[str, str] = Field(default_factory=dict, description="holder -> the request id of the lease it "
                                      f"gave back last (the newest {MAX_RELEASED_KEPT}): that request again is stale.")
 

@@ -47,6 +47,7 @@ class LeaseRelease(BaseModel):
     holder: str
     node: str = ""
     outcome: str | None = Field(default=None, description="How the episode ended, or 'validated' at return to service.")
+    sent_at: datetime | None = Field(default=None, description="The sender's workflow clock (see FaultNotice).")
 
 
 class FaultNotice(BaseModel):
@@ -58,6 +59,8 @@ class FaultNotice(BaseModel):
     fault_class: str | None = None
     healthy: bool = Field(default=False, description="True: the node left quarantine (returned or replaced).")
     admission: bool = Field(default=False, description="Asks before cordoning: admitted, or deferred with a reason.")
+    sent_at: datetime | None = Field(default=None, description="The sender's workflow clock: a healthy notice older "
+                                     "than the guard's latest news of the node is stale (a duplicate, or late).")
 
 
 class QuarantineAnswer(BaseModel):
@@ -86,7 +89,7 @@ class GuardClient(Episode):
     def _fault_notice(self, **kind: bool) -> FaultNotice:
         t = self.s.triage
         return FaultNotice(node=self.node, holder=workflow.info().workflow_id,
-                           fault_class=t.fault_class if t else None, **kind)
+                           fault_class=t.fault_class if t else None, sent_at=workflow.now(), **kind)
 
     def _lease_request(self) -> LeaseRequest:
         return LeaseRequest(cluster=self.inp.cluster, holder=workflow.info().workflow_id, node=self.node,
@@ -224,7 +227,7 @@ class GuardClient(Episode):
         if not (self.s.lease_held or self.s.lease_requested):
             return
         release = LeaseRelease(holder=workflow.info().workflow_id, node=self.node,
-                               outcome=outcome if self._guard_admission() else None)
+                               outcome=outcome if self._guard_admission() else None, sent_at=workflow.now())
         if self._local_cluster_calls():
             await self._signal_guard(GUARD_SIGNAL_RELEASE, release)
         else:
@@ -238,7 +241,7 @@ class GuardClient(Episode):
             s = self.s
             if s.guard_notified or s.lease_held or s.lease_requested or s.admission:
                 await self._signal_guard(GUARD_SIGNAL_RELEASE, LeaseRelease(
-                    holder=workflow.info().workflow_id, node=self.node, outcome=s.outcome.value))
+                    holder=workflow.info().workflow_id, node=self.node, outcome=s.outcome.value, sent_at=workflow.now()))
                 s.lease_held = s.lease_requested = False
             return
         await self._release_lease()

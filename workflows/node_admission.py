@@ -198,7 +198,7 @@ class NodeAdmission:
                 f"replace {node}: {reason}", c.ReplaceResult)
             if not p.dry_run:
                 await self._to_guard(cluster, p, GUARD_SIGNAL_RELEASE, LeaseRelease(
-                    holder=workflow.info().workflow_id, node=node, outcome="replaced"))
+                    holder=workflow.info().workflow_id, node=node, outcome="replaced", sent_at=workflow.now()))
             return self._result(Outcome.DENIED_ADMISSION, reason, 0)
         passed = await validate_twice(node, p.validation, inp.expected_gpus, self._record, p.dry_run,
                                       tiers=("admission", "repair") if load else (None, None),

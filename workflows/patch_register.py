@@ -86,5 +86,6 @@ PATCHES = MappingProxyType({p.id: p for p in (
     Patch("guard-steady-recheck", (GUARD,), "issue 22, safety simulation (sdk-java#3088)"),
     Patch("guard-stale-requests", (GUARD,), "issue 22, safety soak seed 385"),
     Patch("guard-room-counts-others", (GUARD,), "issue 22, safety soak seed 791"),
+    Patch("guard-stale-news", (GUARD,), "issue 22, safety soak seed 1723"),
     Patch("guard-upgrade", (GUARD,), "issue 22: 11"),
 )})

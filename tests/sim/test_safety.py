@@ -22,7 +22,9 @@ MUTANT_FINDS = {"dry_run": "dry-run", "lease": "max_disruptive", "agent_missing"
 # 791: a lifted node's next fault admitted over max_unhealthy (guard-room-counts-others).
 # 1211: a manual report's GPU killed (target-agent-gpus-only); 1460, 1562: a node the API could not
 # check, drained by a new episode beside an earlier quarantine (hold-when-unchecked).
-SOAK_FOUND = [385, 669, 780, 791, 1066, 1211, 1460, 1562]  # 1066: as 669
+# 1723: a duplicate admission request of an ended episode, answered, dropped its node from the count
+# (guard-stale-news).
+SOAK_FOUND = [385, 669, 780, 791, 1066, 1211, 1460, 1562, 1723]  # 1066: as 669
 
 
 def test_a_seed_names_one_schedule_exactly():
