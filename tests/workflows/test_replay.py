@@ -67,20 +67,17 @@ async def test_history_replays(path: Path):
     await replayer.replay_workflow(load(path))
 
 
-@pytest.mark.parametrize("path", sorted(GUARD.rglob("*.json")), ids=lambda p: str(p.relative_to(GUARD).with_suffix("")))
-async def test_guard_history_replays(path: Path):
-    doc = json.loads(path.read_text())
-    history = WorkflowHistory.from_json(recorded_id(doc, "fleet-guard", "cluster"), doc)
-    replayer = Replayer(workflows=[FleetGuard], data_converter=pydantic_data_converter)
-    await replayer.replay_workflow(history)
+# FleetGuard's and NodeAdmission's recordings: (folder, id prefix, the start input's field, workflow).
+OTHERS = [(GUARD, "fleet-guard", "cluster", FleetGuard), (ADMISSION, "admit", "node", NodeAdmission)]
 
 
-@pytest.mark.parametrize("path", sorted(ADMISSION.rglob("*.json")), ids=lambda p: str(p.relative_to(ADMISSION).with_suffix("")))
-async def test_admission_history_replays(path: Path):
+@pytest.mark.parametrize(("path", "prefix", "field", "wf"),
+                         [(p, prefix, field, wf) for folder, prefix, field, wf in OTHERS for p in sorted(folder.rglob("*.json"))],
+                         ids=lambda x: str(x.relative_to(ROOT).with_suffix("")) if isinstance(x, Path) else "")
+async def test_guard_and_admission_histories_replay(path: Path, prefix: str, field: str, wf):
     doc = json.loads(path.read_text())
-    history = WorkflowHistory.from_json(recorded_id(doc, "admit", "node"), doc)
-    replayer = Replayer(workflows=[NodeAdmission], data_converter=pydantic_data_converter)
-    await replayer.replay_workflow(history)
+    history = WorkflowHistory.from_json(recorded_id(doc, prefix, field), doc)
+    await Replayer(workflows=[wf], data_converter=pydantic_data_converter).replay_workflow(history)
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=lambda p: str(p.relative_to(ROOT).with_suffix("")))
