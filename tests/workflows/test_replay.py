@@ -71,9 +71,9 @@ async def test_history_replays(path: Path):
 OTHERS = [(GUARD, "fleet-guard", "cluster", FleetGuard), (ADMISSION, "admit", "node", NodeAdmission)]
 
 
-@pytest.mark.parametrize(("path", "prefix", "field", "wf"),
-                         [(p, prefix, field, wf) for folder, prefix, field, wf in OTHERS for p in sorted(folder.rglob("*.json"))],
-                         ids=lambda x: str(x.relative_to(ROOT).with_suffix("")) if isinstance(x, Path) else "")
+@pytest.mark.parametrize(("path", "prefix", "field", "wf"), [
+    pytest.param(p, prefix, field, wf, id=str(p.relative_to(ROOT).with_suffix("")))
+    for folder, prefix, field, wf in OTHERS for p in sorted(folder.rglob("*.json"))])
 async def test_guard_and_admission_histories_replay(path: Path, prefix: str, field: str, wf):
     doc = json.loads(path.read_text())
     history = WorkflowHistory.from_json(recorded_id(doc, prefix, field), doc)
