@@ -101,7 +101,7 @@ class FleetGuard(GuardBooks):
 
     @workflow.signal(name=GUARD_SIGNAL_RELEASE)
     def release(self, rel: LeaseRelease) -> None:
-        self._news(rel.node, rel.sent_at)
+        self._news(rel.node, rel.holder, rel.sent_at)
         canary = any(h.holder == rel.holder and h.canary for h in self.s.holders)
         if self._stale_requests:
             given_back = [h.request_id for h in self.s.holders if h.holder == rel.holder]
@@ -125,8 +125,8 @@ class FleetGuard(GuardBooks):
 
     @workflow.signal(name=GUARD_SIGNAL_FAULT)
     def fault(self, notice: FaultNotice) -> None:
-        if not self._news(notice.node, notice.sent_at):
-            workflow.logger.warning("guard %s: stale fault notice for %s from %s ignored: newer news of it came first",
+        if not self._news(notice.node, notice.holder, notice.sent_at):
+            workflow.logger.warning("guard %s: stale fault notice for %s from %s ignored: newer news from that sender came first",
                                     self.inp.cluster, notice.node[:200], notice.holder[:200])
             return
         if notice.healthy:

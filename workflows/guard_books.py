@@ -34,10 +34,20 @@ class GuardBooks(GuardGates):
         self.s.waiting_since.pop(holder, None)
         self._wake = True
 
-    def _news(self, node: str, sent_at: datetime | None) -> bool:
-        """Notes the latest news time of the node; False when this message is older (stale)."""
+    def _news(self, node: str, holder: str, sent_at: datetime | None) -> bool:
+        """Notes the latest news time of the node from this sender; False when this message is older
+        (stale). Only one sender's times are compared: two workflows' clocks need not agree."""
         if not self._ordered_news or sent_at is None or not node:
             return True
+        key = f"{node}\n{holder}"
+        last = self.s.news_at.get(key)
+        if last is not None and sent_at < last:
+            return False
+        self.s.news_at.pop(key, None)  # re-inserted: the newest last, the oldest dropped first
+        self.s.news_at[key] = sent_at
+        for old in list(self.s.news_at)[:max(0, len(self.s.news_at) - MAX_NEWS_KEPT)]:
+            del self.s.news_at[old]
+        return True
         last = self.s.news_at.get(node)
         if last is not None and sent_at < last:
             return False

@@ -108,7 +108,7 @@ class GuardState(BaseModel):
     policy_changes: list[str] = Field(default_factory=list, description="Who changed the guard's policy, and when (10).")
     relearned: bool = False
     relearn_error: str = ""  # why the running episodes are not known yet (no lease meanwhile)
-    news_at: dict[str, datetime] = Field(default_factory=dict, description="node -> the sender's time of the "
+    news_at: dict[str, datetime] = Field(default_factory=dict, description="node and sender -> the sender's time of the "
                                          f"guard's latest message about it (the newest {MAX_NEWS_KEPT} nodes).")
     released: dict[str, str] = Field(default_factory=dict, description="holder -> the request id of the lease it "
                                      f"gave back last (the newest {MAX_RELEASED_KEPT}): that request again is stale.")

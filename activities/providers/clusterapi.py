@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from temporalio.exceptions import ApplicationError
 
 from activities import contracts as c
-from activities.errors import NO_EFFECT, NOT_OWNED, fail
+from activities.errors import NO_EFFECT, NODE_GONE, NOT_OWNED, fail
 from activities.kube import call_api
 from activities.providers.base import ProviderSettings, mark_replaced, read_node
 
@@ -70,7 +71,13 @@ class ClusterApiProvider:
         return ns, name, machine
 
     async def replace(self, req: c.ReplaceRequest) -> c.ReplaceResult:
-        ns, name, machine = await self._machine_of(req.node)
+        try:
+            ns, name, machine = await self._machine_of(req.node)
+        except ApplicationError as err:
+            if err.type != NODE_GONE:
+                raise
+            # A retry after Cluster API drained and deleted the Node: the replacement is under way or done.
+            return c.ReplaceResult(instance_id=f"(node {req.node} gone)", action="already_terminated")
         if machine is None:
             return c.ReplaceResult(instance_id=f"{ns}/{name}", action="already_terminated")
         if req.dry_run:
