@@ -63,6 +63,10 @@ def cmd_report(args) -> int:
                                              args.cluster, args.task_queue)
         else:
             handle = await op.manual_report(c, args.node, args.xid, args.gpu, args.cluster, args.task_queue)
+            # Anyone able to signal could send this report: kill and reset target only GPUs the node's own agent named.
+            return {"workflow_id": handle.id, "sent": True,
+                    "note": f"GPU {args.gpu} is not killed or reset on a person's word: unless {args.node}'s own agent "
+                            "reports it too, the ladder goes past the reset (see `gpuheal status`)"}
         return {"workflow_id": handle.id, "sent": True}
 
     return run_operator(args, work)

@@ -61,7 +61,10 @@ async def test_demo_keep_is_a_clean_playground_and_sigterm_ends_it(tmp_path):
         assert (tmp_path / ".gpuheal/logs/demo.log").stat().st_size > 0, "the servers' logs went to the file"
         await asyncio.sleep(1)
         # The printed commands work as pasted: a shell without the venv on its PATH.
-        printed = [line.strip() for line in out.read_text().splitlines() if line.startswith("  ")]
+        # The commands follow the --keep: line (a progress line above may mention a report too).
+        lines = out.read_text().splitlines()
+        after = next(i for i, line in enumerate(lines) if line.startswith("--keep:"))
+        printed = [line.strip() for line in lines[after + 1:] if line.startswith("  ")]
         report_cmd = next(cmd for cmd in printed if " report " in cmd)
         argv = shlex.split(report_cmd)
         node, address, cluster = argv[2], argv[argv.index("--temporal") + 1], argv[argv.index("--cluster") + 1]

@@ -52,8 +52,22 @@ async def test_status_approve_history_report_pause(dev_env, uniq, tmp_path):
         assert asked[0]["detail"] == "reboot"
         rep = await cli(address, "report", other.name, "--xid", "48", "--gpu", "3")
         assert rep.returncode == 0, rep.stderr
-        r2 = await dev_env.client.get_workflow_handle(remediation_workflow_id(other.name, fleet.cluster), result_type=RemediationResult).result()
-        assert (r2.fault_class, r2.rungs) == ("memory", ["reset"])
+        assert "not killed or reset on a person's word" in rep.stdout, rep.stdout
+        h2 = dev_env.client.get_workflow_handle(remediation_workflow_id(other.name, fleet.cluster), result_type=RemediationResult)
+        # A person's report is no probe on the GPU (patch target-agent-gpus-only): GPU 3 is not reset on
+        # its word, the ladder climbs to the reboot, which waits for approval here.
+        for _ in range(200):
+            if (await h2.query(NodeRemediation.status)).awaiting_approval == "reboot":
+                break
+            await asyncio.sleep(0.05)
+        shown = json.loads((await cli(address, "status", other.name, "--json")).stdout)
+        assert shown["awaiting_approval"] == "reboot", shown
+        reset = [a for a in shown["actions"] if a["step"] == "reset"]
+        assert reset and reset[0]["ok"] is False and "not from" in reset[0]["detail"], shown["actions"]
+        assert (await cli(address, "approve", other.name, "reboot")).returncode == 0
+        r2 = await h2.result()
+        assert (r2.fault_class, r2.outcome) == ("memory", "returned") and "reboot" in r2.rungs, r2
+        assert not other.requests.get("node.reset_gpu"), "GPU 3 was reset on a person's word"
         paused = json.loads((await cli(address, "pause", "--reason", "driver rollout", "--json")).stdout)
         assert paused["paused"] and paused["pause_reason"].startswith("driver rollout (by ") and "@" in paused["pause_reason"], \
             "who paused is kept with the reason"
