@@ -207,7 +207,7 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
         if s.stage is Stage.DONE:
             return ""
         if s.held:
-            return f"a person: {s.held} (gpuheal lift {self.node})"
+            return f"a person: {s.held}" + ("" if "gpuheal lift" in s.held else f" (gpuheal lift {self.node})")
         if s.paused:
             return f"resume: paused ({s.pause_reason})"
         if s.admission == "deferred":

@@ -17,6 +17,8 @@ with workflow.unsafe.imports_passed_through():
     from workflows.calls import call_or_none
     from workflows.lease import GuardClient
     from workflows.remediation_types import (
+        HOLD_RECHECK_FIRST,
+        HOLD_RECHECK_MAX,
         PATCH_APPROVAL_NO_LEASE,
         PATCH_CHECK_REPORT_BOOT,
         PATCH_HOLD_UNCHECKED,
@@ -39,9 +41,12 @@ class RemediationSteps(GuardClient):
         found = await self._kube(c.KUBE_CHECK_NODE, c.NodeCheckRequest(node=self.node, boot_id=boot), c.NodeCheckResult,
                                  f"check {self.node} is a GPU node of this cluster")
         if found is None and self._holds() and self._fixed(PATCH_HOLD_UNCHECKED):
+            self.s.held_unchecked += 1
             self.s.held = (f"could not ask the API server whether {self.node} carries {c.QUARANTINE_TAINT} from an "
-                           f"earlier episode: held for a person (a new report asks again; gpuheal lift {self.node})")
+                           f"earlier episode: held for a person (asked again in {self._recheck_in()} or on a new "
+                           f"report; gpuheal lift {self.node})")
             return True
+        self.s.held_unchecked = 0
         if found is None or (found.exists and found.ours):
             if found is not None and self._holds():
                 self.s.held = (f"{self.node} still carries {c.QUARANTINE_TAINT}={found.quarantined} from an earlier "
@@ -58,11 +63,16 @@ class RemediationSteps(GuardClient):
             return False
         if not any(a.step == "hold" for a in self.s.actions[-3:]):
             self._record("hold", f"{self.node} held for a person", True, self.s.held)
-        # No timer: each new report has the triage ask the API server again (the taint may be gone),
-        # so a held node costs nothing while nobody writes to it.
+        # Each new report has the triage ask the API server again (the taint may be gone), so a held
+        # node costs nothing while nobody writes to it; one the API server could not check is asked
+        # again on a timer too (its fault may never be re-sent).
         self._hold_news = False
-        await workflow.wait_condition(lambda: self.s.lifted_by is not None or self.s.cancel_reason is not None
-                                      or self._hold_news)
+        try:
+            await workflow.wait_condition(lambda: self.s.lifted_by is not None or self.s.cancel_reason is not None
+                                          or self._hold_news, timeout=self._recheck_in() if self.s.held_unchecked else None,
+                                          timeout_summary=f"ask the API server about {self.node} again")
+        except TimeoutError:
+            return True  # the triage asks again
         if self.s.lifted_by is None:
             return True  # cancelled (the run loop ends the episode), or news: the triage looks again
         done = await self._kube(c.KUBE_RETURN_TO_SERVICE, c.ReturnToServiceRequest(
@@ -75,6 +85,10 @@ class RemediationSteps(GuardClient):
         else:
             self._finish(Outcome.HEALTHY, f"hold lifted by {self.s.lifted_by} ({self.s.lift_reason}): back in service")
         return True
+
+    def _recheck_in(self) -> timedelta:
+        """5 min, doubling with each unanswered check, at most 1 h."""
+        return min(HOLD_RECHECK_FIRST * 2 ** min(max(self.s.held_unchecked - 1, 0), 8), HOLD_RECHECK_MAX)
 
     async def _conditions_already_handled(self, report: HealthReport) -> bool:
         """A report of node conditions only, each set before this node's last recorded episode

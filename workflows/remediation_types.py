@@ -5,7 +5,7 @@ pydantic class for each workflow run (that dominated a cold workflow task: ~40 m
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 
 from pydantic import BaseModel, Field
@@ -101,6 +101,9 @@ PATCH_AGENT_GPUS = "target-agent-gpus-only"
 # A node whose check the API server could not answer is held for a person: whether an earlier episode
 # left it quarantined is unknown (safety soak, seeds 1460, 1562: a new episode drained such a node).
 PATCH_HOLD_UNCHECKED = "hold-when-unchecked"
+# ...and asks again on a timer, 5 min doubling to 1 h: a one-shot fault is re-sent only for a while,
+# and the node stays in service, uncordoned, until the API server answers (red-team review).
+HOLD_RECHECK_FIRST, HOLD_RECHECK_MAX = timedelta(minutes=5), timedelta(hours=1)
 ISSUE22_REDTEAM_PATCHES = (PATCH_HOLD_UNCHECKED, PATCH_AGENT_GPUS, PATCH_CLOSE_BARRIER, PATCH_CHECK_REPORT_BOOT, PATCH_PAUSE_BEFORE_DRAIN, PATCH_REBOOT_DOUBT,
                            PATCH_FIRST_REPORT_DEADLINE, PATCH_GRANT_NEEDS_ID, PATCH_FAILED_ACTION_NO_REPLACE,
                            PATCH_REPLACE_ON_AGENT_RECURRENCE, PATCH_IMPLICATE_PLATFORM_ONLY)
@@ -197,6 +200,8 @@ class RemediationState(BaseModel):
     admission: str = Field(default="", description="'', asked, admitted or deferred: the guard's answer on quarantine.")
     admission_reason: str = ""
     held: str = Field(default="", description="Why the node is held for a person (an earlier episode left it quarantined).")
+    held_unchecked: int = Field(default=0, description="Checks of the node the API server did not answer while held "
+                                                       "(hold-when-unchecked): the re-check timer doubles with each.")
     lifted_by: str | None = Field(default=None, description="Who lifted the hold (the `lift` update's caller).")
     lift_reason: str = ""
     late_reports: int = 0
