@@ -36,7 +36,8 @@ PATCH_ADMISSION_TRUSTED = "admission-trusted"
 # A node with a remediation episode running is not tainted or validated until that episode ends.
 PATCH_ADMISSION_NOT_BESIDE_EPISODE = "admission-not-beside-episode"
 # After waiting for that episode, the node is checked again: one it replaced (the old host, still
-# registered) or left quarantined for a person is not tainted or validated (safety soak, seed 669).
+# registered) or left quarantined for a person is not tainted or validated (safety soak, seed 669);
+# nor is one an earlier episode left quarantined before the admission started (red-team review).
 PATCH_ADMISSION_RECHECK = "admission-recheck-after-episode"
 
 
@@ -156,7 +157,18 @@ class NodeAdmission:
                                  f"check {node} is a GPU node of this cluster", c.NodeCheckResult)
         if not (found.exists and found.ours):
             return self._result(Outcome.REJECTED, f"rejected: {found.reason}", 0)
-        if self._beside_episode_check and await self._wait_for_episode_end(node, cluster, p) and self._recheck:
+        waited = self._beside_episode_check and await self._wait_for_episode_end(node, cluster, p)
+        if not waited and self._recheck and found.quarantined:
+            # No episode runs, yet the taint was there: an earlier one's hold, a person's to lift
+            # (asked again: an episode that ran at the first check may have returned the node since).
+            found = await self._step(c.KUBE_CHECK_NODE, c.NodeCheckRequest(node=node),
+                                     f"check {node} again: it carried {c.QUARANTINE_TAINT}", c.NodeCheckResult)
+            if not (found.exists and found.ours):
+                return self._result(Outcome.REJECTED, f"rejected: {found.reason}", 0)
+        if not waited and self._recheck and found.quarantined:
+            return self._result(Outcome.QUARANTINED, f"{node} carries {c.QUARANTINE_TAINT}={found.quarantined} from "
+                                "an earlier episode: held for a person, nothing done", 0)
+        if waited and self._recheck:
             found = await self._step(c.KUBE_CHECK_NODE, c.NodeCheckRequest(node=node),
                                      f"check {node} again after its remediation", c.NodeCheckResult)
             if not (found.exists and found.ours):

@@ -123,5 +123,22 @@ async def test_an_admission_after_an_episode_that_returned_the_node_goes_on(ts_e
     assert len(checks) == 2 and "again after its remediation" in checks[1].summary, checks
 
 
+async def test_an_admission_of_a_node_left_quarantined_does_nothing(ts_env, uniq):
+    """A node an earlier episode left quarantined for a person (it carries gpuheal's taint) is not
+    tainted, validated, checked against the denylist or recorded as admitted: the hold is a person's
+    to lift (red-team review of admission-recheck-after-episode)."""
+    fleet = make_fleet(ts_env, uniq, controller_policy())
+    n = fleet.add(FakeNode(f"held-adm-{uniq}", [], faulty=False))
+    n.cordoned = True  # gpuheal's quarantine taint from an episode that ended `quarantined`
+    fleet.denylist[f"GPU-{n.name}-0"] = "replaced: Xid 79"
+    async with fleet.workers():
+        result = await ts_env.client.execute_workflow(
+            NodeAdmission.run, AdmissionInput(node=n.name, hardware_ids=[]),
+            id=admission_workflow_id(n.name, fleet.cluster), task_queue=fleet.task_queue)
+    assert result.outcome == "quarantined" and "held for a person" in result.reason, result
+    assert not any(x.startswith(("kube.quarantine", "kube.return", "node.", "cloud.", "ledger.admit")) for x in n.calls), n.calls
+    assert n.cordoned
+
+
 async def _true(value):
     return value
