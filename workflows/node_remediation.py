@@ -333,6 +333,9 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
             return self._finish(Outcome.OBSERVED, f"observe mode ({self.policy.name}): would start at "
                                                   f"{t.start_rung.value} ({t.fault_class}); nothing done")
         self.s.next_rung = t.start_rung
+        if self.s.stale_report:  # hold-when-unchecked, released by its timer on the old report
+            return await self._leave_for_a_person(f"{self.s.stale_report}: cordoned and tainted for a person, "
+                                                  "nothing disruptive done on old news")
         if t.attribution == "platform":
             # Cordon first: it is safe, needs no budget, and every second counts for the jobs.
             await self._quarantine()

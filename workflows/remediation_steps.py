@@ -41,12 +41,19 @@ class RemediationSteps(GuardClient):
         found = await self._kube(c.KUBE_CHECK_NODE, c.NodeCheckRequest(node=self.node, boot_id=boot), c.NodeCheckResult,
                                  f"check {self.node} is a GPU node of this cluster")
         if found is None and self._holds() and self._fixed(PATCH_HOLD_UNCHECKED):
+            if not self.s.held_unchecked:
+                self.s.held_report = self._report_key()
             self.s.held_unchecked += 1
             self.s.held = (f"could not ask the API server whether {self.node} carries {c.QUARANTINE_TAINT} from an "
                            f"earlier episode: held for a person (asked again in {self._recheck_in()} or on a new "
                            f"report; gpuheal lift {self.node})")
             return True
-        self.s.held_unchecked = 0
+        if self.s.held_unchecked and self.s.held_report == self._report_key():
+            # Released by the re-check timer, on the report the hold began with: hours old, maybe,
+            # and the node may have been rebooted or mended meanwhile. No remedy on it: a person's.
+            self.s.stale_report = (f"its report could not be checked for {self.s.held_unchecked} tries while the API "
+                                   "server did not answer, and no newer report came")
+        self.s.held_unchecked, self.s.held_report = 0, ""
         if found is None or (found.exists and found.ours):
             if found is not None and self._holds():
                 self.s.held = (f"{self.node} still carries {c.QUARANTINE_TAINT}={found.quarantined} from an earlier "
@@ -59,22 +66,23 @@ class RemediationSteps(GuardClient):
         """A node an earlier episode left quarantined stays so whatever is re-sent: reports are
         recorded, nothing is done, until an operator lifts the hold (`gpuheal lift NODE`, recorded
         with who) or someone removes the taint (looked at again on each new report). True: still held."""
-        if not self.s.held:
-            return False
-        if not any(a.step == "hold" for a in self.s.actions[-3:]):
-            self._record("hold", f"{self.node} held for a person", True, self.s.held)
-        # Each new report has the triage ask the API server again (the taint may be gone), so a held
-        # node costs nothing while nobody writes to it; one the API server could not check is asked
-        # again on a timer too (its fault may never be re-sent).
-        self._hold_news = False
-        try:
-            await workflow.wait_condition(lambda: self.s.lifted_by is not None or self.s.cancel_reason is not None
-                                          or self._hold_news, timeout=self._recheck_in() if self.s.held_unchecked else None,
-                                          timeout_summary=f"ask the API server about {self.node} again")
-        except TimeoutError:
-            return True  # the triage asks again
+        if not self.s.held and self.s.lifted_by is None:
+            return False  # (a lift taken while held stands even if a check since found no taint)
         if self.s.lifted_by is None:
-            return True  # cancelled (the run loop ends the episode), or news: the triage looks again
+            if not any(a.step == "hold" for a in self.s.actions[-3:]):
+                self._record("hold", f"{self.node} held for a person", True, self.s.held)
+            # Each new report has the triage ask the API server again (the taint may be gone), so a
+            # held node costs nothing while nobody writes to it; one the API server could not check
+            # is asked again on a timer too (its fault may never be re-sent).
+            self._hold_news = False
+            try:
+                await workflow.wait_condition(lambda: self.s.lifted_by is not None or self.s.cancel_reason is not None
+                                              or self._hold_news, timeout=self._recheck_in() if self.s.held_unchecked else None,
+                                              timeout_summary=f"ask the API server about {self.node} again")
+            except TimeoutError:
+                return True  # the triage asks again
+            if self.s.lifted_by is None:
+                return True  # cancelled (the run loop ends the episode), or news: the triage looks again
         done = await self._kube(c.KUBE_RETURN_TO_SERVICE, c.ReturnToServiceRequest(
             node=self.node, reason=f"hold lifted by {self.s.lifted_by}"), c.ReturnToServiceResult,
             f"uncordon {self.node}: hold lifted by {self.s.lifted_by}")
@@ -85,6 +93,10 @@ class RemediationSteps(GuardClient):
         else:
             self._finish(Outcome.HEALTHY, f"hold lifted by {self.s.lifted_by} ({self.s.lift_reason}): back in service")
         return True
+
+    def _report_key(self) -> str:
+        r = self.s.latest
+        return f"{r.source}/{r.boot_id}/{r.seq}" if r else ""
 
     def _recheck_in(self) -> timedelta:
         """5 min, doubling with each unanswered check, at most 1 h."""

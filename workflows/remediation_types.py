@@ -202,6 +202,10 @@ class RemediationState(BaseModel):
     held: str = Field(default="", description="Why the node is held for a person (an earlier episode left it quarantined).")
     held_unchecked: int = Field(default=0, description="Checks of the node the API server did not answer while held "
                                                        "(hold-when-unchecked): the re-check timer doubles with each.")
+    held_report: str = Field(default="", description="The report (sender/boot/seq) an unchecked hold began on: if the "
+                                                     "API answers with no newer one, it is old news, left for a person.")
+    stale_report: str = Field(default="", description="Why the report acted on is too old to act on (set once the API "
+                                                      "answers after an unchecked hold and no newer report came).")
     lifted_by: str | None = Field(default=None, description="Who lifted the hold (the `lift` update's caller).")
     lift_reason: str = ""
     late_reports: int = 0

@@ -364,10 +364,12 @@ class FakeFleet:
                 started.append(w)
             yield
         finally:
-            if started:
-                await self.stop_guard()
-            for w in reversed(started):
-                await bounded_shutdown(w)
+            try:
+                if started:
+                    await self.stop_guard()
+            finally:
+                for w in reversed(started):
+                    await bounded_shutdown(w)
 
     async def stop_agent(self, name: str) -> None:
         """The node's agent dies: nobody polls node/<cluster>/<node> any more (shutting down twice is harmless)."""

@@ -64,10 +64,11 @@ async def test_a_node_the_api_cannot_check_is_held_not_drained(ts_env, uniq):
         await handle.result()
 
 
-async def test_a_node_held_unchecked_is_asked_about_again_and_remediated_once_the_api_answers(ts_env, uniq):
+async def test_a_node_held_unchecked_is_asked_again_and_its_old_report_left_for_a_person(ts_env, uniq):
     """A one-shot fault is not re-sent for ever: while the API server cannot answer, the held episode
-    asks again on a timer (5 min, doubling, at most 1 h) and goes on by itself once it answers and
-    no earlier episode's taint is there (red-team review of hold-when-unchecked)."""
+    asks again on a timer (5 min, doubling, at most 1 h). When it answers and no newer report came,
+    the report is old news (the node may have been rebooted or mended meanwhile): the node is
+    cordoned for a person, nothing disruptive is done (red-team review of hold-when-unchecked)."""
     fleet = make_fleet(ts_env, uniq)
     n = fleet.add(FakeNode(f"recheck-{uniq}", [xid(48)], cured_by="reset", fail={"kube.check_node"}))
     async with fleet.workers():
@@ -78,15 +79,30 @@ async def test_a_node_held_unchecked_is_asked_about_again_and_remediated_once_th
 
         await wait_for(held, timeout=20)
         assert "asked again in 0:05:00" in (await handle.query(NodeRemediation.status)).held
-        assert "kube.drain" not in n.calls
+        checks = n.calls.count("kube.check_node")
         n.fail.discard("kube.check_node")  # the API server is back; nobody re-sends the fault
         result = await handle.result()  # the time-skipping server runs the re-check timer
-        st = await handle.query(NodeRemediation.status)
+    assert n.calls.count("kube.check_node") == checks + 1, "asked again once, by the timer"
+    assert result.outcome == "quarantined" and "no newer report came" in result.reason, result.reason
+    assert n.cordoned, "cordoned for a person"
+    assert not any(x in n.calls for x in ("kube.drain", "node.kill_gpu_processes", "node.reset_gpu", "cloud.reboot"))
+
+
+async def test_a_node_held_unchecked_is_remediated_on_a_new_report_once_the_api_answers(ts_env, uniq):
+    fleet = make_fleet(ts_env, uniq)
+    n = fleet.add(FakeNode(f"renew-{uniq}", [xid(48)], cured_by="reset", fail={"kube.check_node"}))
+    async with fleet.workers():
+        handle = await fleet.report(n.name)
+
+        async def held() -> bool:
+            return bool((await handle.query(NodeRemediation.status)).held)
+
+        await wait_for(held, timeout=20)
+        n.fail.discard("kube.check_node")
+        await fleet.report(n.name)  # the agent's re-send: fresh evidence
+        result = await handle.result()
     assert result.outcome == "returned", result.reason
     assert [r.value for r in result.rungs] == ["reset"]
-    assert not st.held and n.calls.count("kube.check_node") >= 2
-    timers = [a for a in st.actions if a.step == "hold"]
-    assert timers, "the hold was recorded before the re-check"
 
 
 def test_the_recheck_doubles_up_to_an_hour():
