@@ -44,7 +44,8 @@ class ClusterApiProvider:
 
     async def _machine_of(self, node: str) -> tuple[str, str, dict | None]:
         """(namespace, name, the Machine or None when it is gone), checked to be ours."""
-        ann = (await read_node(self.core, node)).metadata.annotations or {}
+        n = await read_node(self.core, node)
+        ann = n.metadata.annotations or {}
         name, ns = ann.get(MACHINE_ANNOTATION), ann.get(NAMESPACE_ANNOTATION)
         if not name or not ns:
             raise fail(NOT_OWNED, f"node {node} has no {MACHINE_ANNOTATION} and {NAMESPACE_ANNOTATION} annotations: "
@@ -66,6 +67,11 @@ class ClusterApiProvider:
         if ((status.get("nodeRef") or {}).get("name")) != node:
             raise fail(NOT_OWNED, f"{where} names node {(status.get('nodeRef') or {}).get('name')!r}, not {node}: "
                        "the annotation is not trusted alone")
+        ref_uid = (status.get("nodeRef") or {}).get("uid")
+        if ref_uid and ref_uid != n.metadata.uid:
+            # A kubelet may edit its own Node's annotations; the uid Cluster API recorded it cannot.
+            raise fail(NOT_OWNED, f"{where}'s nodeRef is Node uid {ref_uid}, not {node}'s ({n.metadata.uid}): "
+                       "another Node of that name")
         if not any(o.get("kind") == "MachineSet" for o in meta.get("ownerReferences") or []):
             raise fail(NOT_OWNED, f"{where} has no MachineSet owner: deleting it would bring no replacement")
         return ns, name, machine
@@ -82,14 +88,15 @@ class ClusterApiProvider:
             return c.ReplaceResult(instance_id=f"{ns}/{name}", action="already_terminated")
         if req.dry_run:
             return c.ReplaceResult(instance_id=f"{ns}/{name}", action="dry_run")
-        # Marked first: Cluster API drains and deletes the Node itself, and its old host reports meanwhile.
-        marked = await mark_replaced(self.core, req.node, req.idempotency_key)
         if "deletionTimestamp" not in machine["metadata"]:
             try:
                 await call_api(self.custom.delete_namespaced_custom_object, GROUP, VERSION, ns, PLURAL, name)
             except ApiException as err:
                 if err.status != 404:
-                    raise
+                    raise  # nothing marked: a refused delete leaves the node's reports counting
+        # Marked once the delete took (a retry marks it if this failed): Cluster API drains before it
+        # deletes the Node, and the old host's reports meanwhile must start nothing.
+        marked = await mark_replaced(self.core, req.node, req.idempotency_key)
         try:
             after = await call_api(self.custom.get_namespaced_custom_object, GROUP, VERSION, ns, PLURAL, name)
         except ApiException as err:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
@@ -103,7 +104,8 @@ async def test_replace_is_idempotent_and_ends_already_terminated_once_the_machin
     assert (await run(acts.replace, req)).action == "already_terminated"
 
 
-@pytest.mark.parametrize("case", ["other cluster", "control plane", "no MachineSet", "nodeRef elsewhere", "no annotation"])
+@pytest.mark.parametrize("case", ["other cluster", "control plane", "no MachineSet", "nodeRef elsewhere", "no annotation",
+                                  "nodeRef uid elsewhere"])
 async def test_a_machine_not_ours_is_never_deleted(capi, case):
     acts, kube = capi
     if case == "no annotation":
@@ -114,6 +116,8 @@ async def test_a_machine_not_ours_is_never_deleted(capi, case):
                            labels={CONTROL_PLANE_LABEL: ""} if case == "control plane" else None,
                            owner=None if case == "no MachineSet" else "MachineSet",
                            node_ref="n9" if case == "nodeRef elsewhere" else None)
+        if case == "nodeRef uid elsewhere":  # a Node re-registered under the name: not the Machine's
+            kube.objects[("Machine", NS, name)]["status"]["nodeRef"]["uid"] = "uid-of-the-node-it-made"
     with pytest.raises(ApplicationError) as err:
         await run(acts.replace, c.ReplaceRequest(node="n1", idempotency_key="ep/replace"))
     assert err.value.type == NOT_OWNED and err.value.non_retryable
@@ -121,6 +125,26 @@ async def test_a_machine_not_ours_is_never_deleted(capi, case):
         assert "deletionTimestamp" not in machine(kube, name)["metadata"]
     assert c.REPLACED_ANNOTATION not in (kube.get("Node", "", "n1")["metadata"].get("annotations") or {})
     assert not [r for r in kube.requests if r[0] == "DELETE"]
+
+
+async def test_the_nodes_own_uid_in_the_noderef_is_accepted(capi):
+    acts, kube = capi
+    name = add_machine(kube, "n1")
+    kube.objects[("Machine", NS, name)]["status"]["nodeRef"]["uid"] = kube.get("Node", "", "n1")["metadata"]["uid"]
+    out = await run(acts.replace, c.ReplaceRequest(node="n1", idempotency_key="ep/replace"))
+    assert out.action == "machine_deleted"
+
+
+async def test_a_refused_delete_leaves_no_replaced_mark_and_a_retry_does_both(capi):
+    acts, kube = capi
+    name = add_machine(kube, "n1")
+    kube.inject("DELETE", "/machines/", status=403, count=1)
+    with pytest.raises(ApiException):
+        await run(acts.replace, c.ReplaceRequest(node="n1", idempotency_key="ep/replace"))
+    assert c.REPLACED_ANNOTATION not in (kube.get("Node", "", "n1")["metadata"].get("annotations") or {}), \
+        "a node not being replaced must not be marked: its reports would start nothing"
+    out = await run(acts.replace, c.ReplaceRequest(node="n1", idempotency_key="ep/replace"))
+    assert out.action == "machine_deleted" and out.marked and "deletionTimestamp" in machine(kube, name)["metadata"]
 
 
 async def test_dry_run_deletes_nothing(capi):
