@@ -146,9 +146,13 @@ class FakeKube:
                 status = merged.get("status")
                 merged = copy.deepcopy(new)
                 merged["status"] = status if status is not None else new.get("status")
-                for k in ("uid", "creationTimestamp", "namespace", "name", "deletionTimestamp"):
+                # The system's fields: an update's own values are ignored (a deletionTimestamp sent in
+                # a PUT or patch neither deletes nor undeletes, as on a real API server).
+                for k in ("uid", "creationTimestamp", "namespace", "name", "deletionTimestamp", "deletionGracePeriodSeconds"):
                     if k in cur["metadata"]:
                         merged.setdefault("metadata", {})[k] = cur["metadata"][k]
+                    else:
+                        merged.setdefault("metadata", {}).pop(k, None)
             merged.update(kind=kind, apiVersion=API_VERSION[kind])
             self.objects[(kind, namespace if RESOURCES[kind][2] else "", name)] = merged
             out = copy.deepcopy(self._bump(kind, merged, "MODIFIED"))

@@ -56,6 +56,18 @@ def test_main_resource_cannot_write_status(kube):
     assert core.read_node("n1").status.conditions[0].status == "True"
 
 
+def test_an_update_carrying_a_deletion_timestamp_deletes_nothing(kube):
+    """metadata.deletionTimestamp is the system's: set by a DELETE, ignored on update and patch."""
+    k, core, _ = kube
+    k.add_node("n1")
+    n = core.read_node("n1")
+    n.metadata.deletion_timestamp = "2026-01-01T00:00:00Z"
+    core.replace_node("n1", n)
+    core.patch_node("n1", {"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}})
+    after = core.read_node("n1")
+    assert after.metadata.deletion_timestamp is None
+
+
 def test_json_patch_and_merge_patch(kube):
     k, core, _ = kube
     k.add_node("n1", labels={"x": "1"})
