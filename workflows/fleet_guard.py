@@ -25,6 +25,7 @@ with workflow.unsafe.imports_passed_through():
         LEFT_QUARANTINE,
         MAX_RELEASED_KEPT,
         OLD_BEHAVIOUR,
+        PATCH_GUARD_CHECK_BEFORE_NEW_RUN,
         PATCH_GUARD_IDLE_RECHECK,
         PATCH_GUARD_NEVER_WEDGED,
         PATCH_GUARD_ORDERED_NEWS,
@@ -75,6 +76,7 @@ class FleetGuard(GuardBooks):
         self._stale_requests = workflow.patched(PATCH_GUARD_STALE_REQUESTS)
         self._room_counts_others = workflow.patched(PATCH_GUARD_ROOM_COUNTS_OTHERS)
         self._ordered_news = workflow.patched(PATCH_GUARD_ORDERED_NEWS)
+        self._check_before_new_run = workflow.patched(PATCH_GUARD_CHECK_BEFORE_NEW_RUN)
         self._rechecks: list[tuple[datetime, asyncio.Task]] = []  # re-check timers still to fire, by due time
         self._holder_check = None
         self._upgrade = False
@@ -233,7 +235,8 @@ class FleetGuard(GuardBooks):
             await self._grant()
             metrics.guard_state(inp.cluster, len(self.s.holders), self._budget(), len(self.s.waiters),
                                 self.s.breaker_open, **metrics.fleet_figures(self.s, workflow.now()))
-            if self._upgrade or workflow.info().is_continue_as_new_suggested():
+            checking = self._check_before_new_run and self._holder_check is not None and not self._holder_check.done()
+            if (self._upgrade or workflow.info().is_continue_as_new_suggested()) and not checking:
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(GuardInput(cluster=inp.cluster, policy=self.policy, state=self.s))
             if self._steady_recheck:

@@ -40,6 +40,10 @@ PATCH_GUARD_ROOM_COUNTS_OTHERS = "guard-room-counts-others"
 # dropped a node it had left quarantined from the count, and another was admitted over max_unhealthy
 # (safety soak, seed 1723).
 PATCH_GUARD_ORDERED_NEWS = "guard-stale-news"
+# workflow.patched id: no continue-as-new while the holder check runs beside the loop: its activity,
+# scheduled in the same task, was abandoned with its result (whatif at 10,000 nodes: the test
+# server's clock then stood still, the guard continuing as new every few hundred events).
+PATCH_GUARD_CHECK_BEFORE_NEW_RUN = "guard-check-before-new-run"
 # workflow.patched id: a guard run started before guard-never-wedged continues as new when the
 # controller asks (the `upgrade` update, sent at controller start), so it meets the new behaviour
 # (issue 22: 11).

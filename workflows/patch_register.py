@@ -87,5 +87,6 @@ PATCHES = MappingProxyType({p.id: p for p in (
     Patch("guard-stale-requests", (GUARD,), "issue 22, safety soak seed 385"),
     Patch("guard-room-counts-others", (GUARD,), "issue 22, safety soak seed 791"),
     Patch("guard-stale-news", (GUARD,), "issue 22, safety soak seed 1723"),
+    Patch("guard-check-before-new-run", (GUARD,), "issue 25, whatif at 10,000 nodes"),
     Patch("guard-upgrade", (GUARD,), "issue 22: 11"),
 )})
