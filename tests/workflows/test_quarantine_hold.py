@@ -12,6 +12,13 @@ from tests.workflows.test_node_remediation import make_fleet, wait_for
 from workflows.node_remediation import NodeRemediation
 
 
+async def wait_until_held(handle) -> None:
+    async def held() -> bool:
+        return bool((await handle.query(NodeRemediation.status)).held)
+
+    await wait_for(held, timeout=20)
+
+
 async def test_a_resend_after_a_quarantined_ending_is_held_until_an_operator_lifts_it(ts_env, uniq):
     fleet = make_fleet(ts_env, uniq)
     n = fleet.add(FakeNode(f"held-{uniq}", [xid(48)], cured_by="reset", fail={"kube.drain"}))
@@ -53,10 +60,7 @@ async def test_a_node_the_api_cannot_check_is_held_not_drained(ts_env, uniq):
     async with fleet.workers():
         handle = await fleet.report(n.name)
 
-        async def held() -> bool:
-            return bool((await handle.query(NodeRemediation.status)).held)
-
-        await wait_for(held, timeout=20)
+        await wait_until_held(handle)
         st = await handle.query(NodeRemediation.status)
         assert "could not ask the API server" in st.held and "gpuheal lift" in st.held, st.held
         assert not any(x in n.calls for x in ("kube.drain", "node.kill_gpu_processes", "node.reset_gpu", "cloud.reboot"))
@@ -74,10 +78,7 @@ async def test_a_node_held_unchecked_is_asked_again_and_its_old_report_left_for_
     async with fleet.workers():
         handle = await fleet.report(n.name)
 
-        async def held() -> bool:
-            return bool((await handle.query(NodeRemediation.status)).held)
-
-        await wait_for(held, timeout=20)
+        await wait_until_held(handle)
         assert "asked again in 0:05:00" in (await handle.query(NodeRemediation.status)).held
         checks = n.calls.count("kube.check_node")
         n.fail.discard("kube.check_node")  # the API server is back; nobody re-sends the fault
@@ -94,10 +95,7 @@ async def test_a_node_held_unchecked_is_remediated_on_a_new_report_once_the_api_
     async with fleet.workers():
         handle = await fleet.report(n.name)
 
-        async def held() -> bool:
-            return bool((await handle.query(NodeRemediation.status)).held)
-
-        await wait_for(held, timeout=20)
+        await wait_until_held(handle)
         n.fail.discard("kube.check_node")
         await fleet.report(n.name)  # the agent's re-send: fresh evidence
         result = await handle.result()
