@@ -7,7 +7,7 @@ from __future__ import annotations
 from kubernetes import client
 from temporalio import activity
 
-from activities import contracts as c
+import api as c
 from activities.errors import INVALID_REQUEST, fail
 from activities.providers.base import CloudProvider, kubelet_boot_id, mark_replaced, read_node
 

@@ -10,7 +10,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities import contracts as c
+import api as c
 
 
 class GuardActivities:

@@ -13,7 +13,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from temporalio import activity
 
-from activities import contracts as c
+import api as c
 from activities.errors import NO_EFFECT, NODE_GONE, PERMISSION_DENIED, fail
 
 ATTRIBUTION_ANNOTATION = "gpuheal.io/failure-attribution"

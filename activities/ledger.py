@@ -16,7 +16,7 @@ from typing import Protocol
 
 from temporalio import activity
 
-from activities import contracts as c
+import api as c
 from activities.outcomes import REPEAT_WINDOWS_D, count_outcome
 
 

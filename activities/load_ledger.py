@@ -9,7 +9,7 @@ import statistics
 
 from temporalio import activity
 
-from activities import contracts as c
+import api as c
 from activities.ledger import DynamoLedger, SqliteLedger
 from policies.load import JUDGED, SkuReference
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pynvml
 from temporalio import activity
 
-from activities import contracts as c
+import api as c
 from activities.errors import DEPENDENCY_MISSING, MIG_ACTIVE, NO_EFFECT, PROCESSES_REMAIN, fail
 from health.load.battery import Opener, run_battery
 from health.load.cupy_device import cupy_opener

@@ -10,7 +10,7 @@ from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 from temporalio import activity
 
-from activities import contracts as c
+import api as c
 from activities.errors import NODE_GONE, fail
 from activities.kube import call_api
 from activities.policy import PolicyActivities, policy_hash

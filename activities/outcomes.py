@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from datetime import datetime, timedelta
 
-from activities import contracts as c
+import api as c
 
 REPEAT_WINDOWS_D = (7, 30)
 GROUPS = {"fault": lambda r: r.fault_class or "none", "profile": lambda r: r.profile or "none",

@@ -8,7 +8,7 @@ import json
 
 from temporalio import activity
 
-from activities import contracts as c
+import api as c
 from policies.model import Policy
 
 

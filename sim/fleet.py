@@ -22,15 +22,15 @@ from temporalio import activity
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.worker import Worker
 
-from activities import contracts as c
+import api as c
 from activities.cloud import CloudActivities
-from activities.contracts import node_task_queue, remediation_workflow_id
 from activities.guard import GuardActivities
 from activities.kube import KubeActivities
 from activities.ledger import LedgerActivities, SqliteLedger
 from activities.node import NodeActivities
 from activities.policy import PolicyActivities
 from activities.providers.aws import AWS_CLIENT_CONFIG, REBOOT_KEY_TAG, REBOOT_STATE_TAG
+from api.names import node_task_queue, remediation_workflow_id
 from health.nics import NicExpectation
 from health.runner import ProbeConfig
 from policies.findings import Finding

@@ -14,7 +14,8 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from activities.contracts import guard_workflow_id, remediation_workflow_id
+from api.episode import RemediationResult
+from api.names import guard_workflow_id, remediation_workflow_id
 from policies.model import Policy
 from sim.events import side_effects
 from sim.fleet import SimulatedFleet
@@ -25,9 +26,6 @@ from workers.render import table
 from workers.temporal_client import TemporalOptions, connect
 from workflows.fleet_guard import FleetGuard
 from workflows.node_remediation import NodeRemediation
-from workflows.remediation_types import (
-    RemediationResult,
-)
 
 
 @contextlib.contextmanager

@@ -17,13 +17,14 @@ from temporalio.service import RPCError
 from temporalio.worker import Worker
 
 from activities.cloud import CloudActivities
-from activities.contracts import guard_workflow_id, node_task_queue, remediation_workflow_id
 from activities.guard import GuardActivities
 from activities.kube import KubeActivities
 from activities.ledger import LedgerActivities, SqliteLedger
 from activities.node import NodeActivities
 from activities.policy import PolicyActivities
 from activities.providers.aws import REBOOT_KEY_TAG, REBOOT_STATE_TAG
+from api.episode import RemediationResult
+from api.names import guard_workflow_id, node_task_queue, remediation_workflow_id
 from health.nics import NicExpectation
 from health.runner import ProbeConfig
 from policies.loader import default_policy
@@ -33,9 +34,6 @@ from sim.nvml import SimulatedNvml
 from workers.agent import Agent, AgentConfig
 from workers.controller import CONTROLLER_WORKFLOWS, controller_activities
 from workflows.node_remediation import NodeRemediation
-from workflows.remediation_types import (
-    RemediationResult,
-)
 
 
 class SimHost:

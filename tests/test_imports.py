@@ -1,5 +1,5 @@
-"""The house's imports point one way and close no circle (issue 21): policies at the bottom, then
-health, activities, workflows; workers and sim at the top (they use each other: the CLI runs the
+"""The house's imports point one way and close no circle (issue 21): policies and the typed wire
+(`api`) at the bottom, then health, activities, workflows; workers and sim at the top (they use each other: the CLI runs the
 simulations, the simulations run the real processes), bench above all. Imports inside functions
 count: a circle hidden in a function is still a circle."""
 
@@ -9,7 +9,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-LAYER = {"policies": 0, "health": 1, "activities": 2, "workflows": 3, "workers": 4, "sim": 4, "bench": 5}
+LAYER = {"policies": 0, "api": 1, "health": 1, "activities": 2, "workflows": 3, "workers": 4, "sim": 4, "bench": 5}
 
 
 def modules() -> dict[str, Path]:
@@ -86,7 +86,8 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_scan_sees_the_house():
     graph = import_graph()
     assert len(graph) > 100 and "workflows.activities" not in graph
-    assert "policies.model" in graph["workflows.episode"] | graph["workflows.remediation_types"]
+    assert "policies.model" in graph["workflows.episode"] | graph["workflows.episode_constants"]
+    assert "api.names" in graph["workflows.lease"] and "api.episode" in graph["workers.reporting"]
 
 
 def test_no_import_circle():
@@ -101,3 +102,23 @@ def test_imports_point_down():
     up = sorted(f"{m} -> {d}" for m, ds in import_graph().items() for d in ds
                 if LAYER[d.split(".")[0]] > LAYER[m.split(".")[0]])
     assert not up, f"imports that point up a layer: {up}"
+
+
+# The processes a person or a node runs reach the controller's workflows only by name, through api/.
+BY_NAME_ONLY = ("workers.reporting", "workers.agent", "workers.operator", "workers.episode_history", "health")
+
+
+def test_the_agent_and_the_cli_import_no_workflow():
+    graph = import_graph()
+    clients = [m for m in graph if m.startswith(BY_NAME_ONLY) or m.startswith("workers.cli")]
+    assert len(clients) >= 8
+    found = sorted(f"{m} -> {d}" for m in clients for d in graph[m] if d.startswith("workflows"))
+    assert not found, f"a client imports a workflow module (use api/ names): {found}"
+
+
+def test_api_imports_only_policies():
+    graph = import_graph()
+    api = [m for m in graph if m == "api" or m.startswith("api.")]
+    assert len(api) >= 10
+    assert all(d.split(".")[0] in ("api", "policies") for m in api for d in graph[m]), \
+        {m: graph[m] for m in api}

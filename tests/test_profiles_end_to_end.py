@@ -5,16 +5,16 @@ against it; the controller tells the agent its profile."""
 import asyncio
 import json
 
-from activities.contracts import admission_workflow_id, remediation_workflow_id
+from api.admission import AdmissionResult
+from api.episode import RemediationResult
+from api.names import admission_workflow_id, remediation_workflow_id
 from policies.baseline import BASELINE_ANNOTATION, NodeBaseline
 from policies.loader import default_policy, policy_from_mapping
 from sim.sysfs import PORT_DOWN, PORT_UP, write_ib_ports
 from tests.test_end_to_end import gpu_cluster
 from workers.agent import Agent, AgentConfig
 from workers.reporting import start_admission
-from workflows.node_admission import AdmissionResult
 from workflows.node_remediation import NodeRemediation
-from workflows.remediation_types import RemediationResult
 
 P5 = {"node.kubernetes.io/instance-type": "p5.48xlarge"}
 

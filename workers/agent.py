@@ -15,7 +15,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
-from activities import contracts as c
+import api as c
 from activities.node import NodeActivities
 from health.kmsg import KmsgFollower
 from health.nvml import XidWatcher
@@ -163,13 +163,13 @@ class Agent:
     async def _expectations_from_controller(self, learn) -> None:
         from temporalio.common import WorkflowIDConflictPolicy
 
-        from activities.contracts import ExpectationsRequest, profile_workflow_id
-        from workflows.node_profile import NodeProfileLookup
+        from api.names import profile_workflow_id
+        from api.node import ExpectationsRequest
 
         cfg = self.config
         try:
             exp = await self.client.execute_workflow(
-                NodeProfileLookup.run, ExpectationsRequest(node=cfg.node, observed=learn, boot_id=self.boot_id),
+                c.PROFILE_WORKFLOW, ExpectationsRequest(node=cfg.node, observed=learn, boot_id=self.boot_id),
                 id=profile_workflow_id(cfg.node, cfg.cluster), task_queue=cfg.task_queue, execution_timeout=timedelta(minutes=2),
                 id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING, result_type=NodeExpectations)
         except Exception as err:  # noqa: BLE001 - no answer: probe on with what we have, ask again later

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from activities import contracts as c
+import api as c
 from activities.providers import PROVIDERS
 from policies.model import Generation, Rung
 from workers import cli_local, cli_operator, cli_profiles, cli_serve

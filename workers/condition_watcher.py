@@ -14,7 +14,7 @@ from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 from temporalio.client import Client
 
-from activities import contracts as c
+import api as c
 from policies.findings import Finding, FindingKind, HealthReport, condition_event_id
 from policies.model import Generation
 from workers.reporting import send_report

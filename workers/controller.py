@@ -15,9 +15,8 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
-from activities import contracts as c
+import api as c
 from activities.cloud import CloudActivities
-from activities.contracts import guard_workflow_id
 from activities.guard import GuardActivities
 from activities.kube import CLUSTER_CALL_THREADS, KubeActivities, load_core_api
 from activities.ledger import DynamoLedger, LedgerActivities, SqliteLedger
@@ -27,6 +26,7 @@ from activities.policy import PolicyActivities
 from activities.providers import make_provider
 from activities.providers.aws import AWS_CLIENT_CONFIG
 from activities.providers.base import ProviderSettings
+from api.names import guard_workflow_id
 from policies.loader import default_policy
 from policies.model import GuardPolicy, Policy
 from workers.condition_watcher import ConditionRule, ConditionWatcher, WatcherConfig
@@ -114,7 +114,7 @@ def controller_worker(client: Client, task_queue: str, activities: list, max_con
 # workflow modules that was the largest cost of a cold workflow task (a storm of first reports).
 # They are passed through instead; tests/workflows/test_determinism.py keeps them free of clocks,
 # randomness, I/O and module-level mutable state, which is what the re-import protected against.
-WORKFLOW_RUNNER = SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_modules("workflows"))
+WORKFLOW_RUNNER = SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_modules("workflows", "api"))
 
 
 class _ClusterCallPool(concurrent.futures.ThreadPoolExecutor):

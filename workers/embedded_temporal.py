@@ -9,9 +9,7 @@ from pathlib import Path
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
 from temporalio.client import Client
 
-from workflows.remediation_types import (
-    SEARCH_ATTRIBUTES,
-)
+from api.episode import SEARCH_ATTRIBUTES
 
 
 def binary(name: str) -> str:

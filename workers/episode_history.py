@@ -11,9 +11,10 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client, WorkflowHandle
 
-from activities.contracts import NODE_VALIDATE, ValidationResult
+from api.episode import RemediationResult
+from api.names import NODE_VALIDATE
+from api.node import ValidationResult
 from policies.load import describe
-from workflows.remediation_types import RemediationResult
 
 _DONE = {
     EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED: ("activity_task_completed_event_attributes", True),

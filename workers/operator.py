@@ -12,8 +12,10 @@ from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client, RPCTimeoutOrCancelledError, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities import contracts as c
-from activities.contracts import (
+import api as c
+from api.episode import SA_FAULT, SA_NODE, SA_STAGE, RemediationStatus
+from api.guard import GateRelease, GuardStatus
+from api.names import (
     guard_workflow_id,
     legacy_remediation_workflow_id,
     node_in_workflow_id,
@@ -22,15 +24,6 @@ from activities.contracts import (
 from policies.findings import Finding, HealthReport
 from workers.episode_history import closed_episode
 from workers.reporting import episode_id, send_report
-from workflows.fleet_guard import FleetGuard
-from workflows.guard_types import GateRelease
-from workflows.node_remediation import NodeRemediation
-from workflows.remediation_types import (
-    SA_FAULT,
-    SA_NODE,
-    SA_STAGE,
-    RemediationStatus,
-)
 
 
 class OperatorError(Exception):
@@ -65,7 +58,8 @@ async def _why_no_answer(client: Client, handle: WorkflowHandle) -> str:
 
 
 async def query_status(client: Client, handle: WorkflowHandle):
-    return await ask(client, handle, lambda t: handle.query(NodeRemediation.status, rpc_timeout=t))
+    return await ask(client, handle, lambda t: handle.query(c.STATUS_QUERY, result_type=RemediationStatus,
+                                                                    rpc_timeout=t))
 
 
 async def _running(client: Client, node: str, cluster: str):
@@ -98,7 +92,7 @@ async def fleet_status(client: Client) -> list[dict]:
     """Every running episode, from the visibility store; each answers a query for what it waits on,
     and one that cannot is one row marked unreachable, with why, instead of a failed listing."""
     out = []
-    async for w in client.list_workflows('WorkflowType = "NodeRemediation" AND ExecutionStatus = "Running"'):
+    async for w in client.list_workflows(f'WorkflowType = "{c.EPISODE_WORKFLOW}" AND ExecutionStatus = "Running"'):
         sa = w.typed_search_attributes
         row = {"node": sa.get(SA_NODE) or node_in_workflow_id(w.id, "remediate"), "stage": sa.get(SA_STAGE),
                "next_rung": None, "fault_class": sa.get(SA_FAULT), "paused": None, "awaiting_approval": None}
@@ -143,6 +137,8 @@ async def history(client: Client, node: str, cluster: str) -> list[dict]:
 
 
 async def update_episode(client: Client, node: str, cluster: str, update: str, *args) -> RemediationStatus:
+    if update not in c.EPISODE_UPDATES:
+        raise OperatorError(f"an episode has no update {update!r} (it has {', '.join(c.EPISODE_UPDATES)})")
     handle, running = await _running(client, node, cluster)
     if not running:
         raise OperatorError(f"node {node!r} has no open remediation episode")
@@ -154,7 +150,8 @@ async def update_episode(client: Client, node: str, cluster: str, update: str, *
 async def guard_status(client: Client, cluster: str):
     handle = client.get_workflow_handle(guard_workflow_id(cluster))
     try:
-        return await ask(client, handle, lambda t: handle.query(FleetGuard.status, rpc_timeout=t))
+        return await ask(client, handle, lambda t: handle.query(c.STATUS_QUERY, result_type=GuardStatus,
+                                                                        rpc_timeout=t))
     except RPCError as err:
         if err.status == RPCStatusCode.NOT_FOUND:
             raise OperatorError(f"no fleet guard runs for cluster {cluster!r}") from None
@@ -169,10 +166,12 @@ async def lift_gates(client: Client, cluster: str, leases: int, span: timedelta 
     return await guard_update(client, cluster, "release_gate", lift)
 
 
-async def guard_update(client: Client, cluster: str, update: str, *args):
+async def guard_update(client: Client, cluster: str, update: str, *args) -> GuardStatus:
+    if update not in c.GUARD_UPDATES:
+        raise OperatorError(f"the fleet guard has no update {update!r} (it has {', '.join(c.GUARD_UPDATES)})")
     handle = client.get_workflow_handle(guard_workflow_id(cluster))
     try:
-        return await ask(client, handle, lambda t: handle.execute_update(getattr(FleetGuard, update), args=list(args),
+        return await ask(client, handle, lambda t: handle.execute_update(update, args=list(args), result_type=GuardStatus,
                                                                          rpc_timeout=t))
     except RPCError as err:
         if err.status == RPCStatusCode.NOT_FOUND:

@@ -15,7 +15,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from activities.contracts import node_in_workflow_id
+from api.names import node_in_workflow_id
 
 OUTPUTS = ("table", "wide", "json", "yaml")
 MACHINE = {"format": "json"}  # what --json prints in this process: set once by the CLI's main from -o

@@ -6,21 +6,27 @@ from __future__ import annotations
 import logging
 
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
-from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy
+from temporalio.common import (
+    SearchAttributePair,
+    TypedSearchAttributes,
+    WorkflowIDConflictPolicy,
+    WorkflowIDReusePolicy,
+)
+from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities import contracts as c
-from activities.contracts import legacy_remediation_workflow_id, remediation_workflow_id
+import api as c
+from api.admission import AdmissionInput, AdmissionResult
+from api.episode import SA_NODE, SA_STAGE, RemediationInput, RemediationResult, Stage
+from api.names import (
+    admission_workflow_id,
+    legacy_admission_workflow_id,
+    legacy_remediation_workflow_id,
+    remediation_workflow_id,
+)
+from api.reports import MAX_REPORT_FINDINGS, report_bounds_problem
 from policies.findings import Finding, HealthReport
 from policies.model import Generation
-from workflows.node_remediation import NodeRemediation
-from workflows.remediation_types import (
-    SA_NODE,
-    SA_STAGE,
-    RemediationInput,
-    Stage,
-)
-from workflows.report_intake import MAX_REPORT_FINDINGS, report_bounds_problem
 
 log = logging.getLogger(__name__)
 
@@ -95,13 +101,14 @@ async def send_report(
     if (problem := report_bounds_problem(payload)) is not None:
         raise ReportTooLarge(f"{node}: {problem}")
     return await client.start_workflow(
-        NodeRemediation.run,
+        c.EPISODE_WORKFLOW,
         RemediationInput(node=node, cluster=cluster, generation=generation, guard_task_queue=task_queue,
                          history_limit=history_limit),
         id=await episode_id(client, node, cluster),
         task_queue=task_queue,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        start_signal="report",
+        result_type=RemediationResult,
+        start_signal=c.EPISODE_SIGNAL_REPORT,
         start_signal_args=[payload],
         static_summary=f"Remediation of GPU node {node}",
         search_attributes=TypedSearchAttributes([SearchAttributePair(SA_NODE, node),
@@ -113,18 +120,13 @@ async def start_admission(client: Client, *, node: str, hardware_ids: list[str],
                           task_queue: str = c.DEFAULT_TASK_QUEUE) -> bool:
     """Start `admit/<cluster>/<node>` once per node; False when it already ran (or runs) for this
     node, under that id or under `admit/<node>` from before ids carried the cluster."""
-    from temporalio.common import WorkflowIDReusePolicy
-    from temporalio.exceptions import WorkflowAlreadyStartedError
-
-    from activities.contracts import admission_workflow_id, legacy_admission_workflow_id
-    from workflows.node_admission import AdmissionInput, NodeAdmission
-
     if await _run_status(client, legacy_admission_workflow_id(node)) is not None:
         return False  # admitted (or being admitted) before the upgrade: once is enough
     try:
         await client.start_workflow(
-            NodeAdmission.run,
+            c.ADMISSION_WORKFLOW,
             AdmissionInput(node=node, hardware_ids=hardware_ids),
+            result_type=AdmissionResult,
             id=admission_workflow_id(node, cluster), task_queue=task_queue,
             # A node is admitted once: an agent restart must not put a serving node back behind the taint.
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,

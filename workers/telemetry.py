@@ -12,7 +12,7 @@ import logging
 import sys
 from datetime import UTC, datetime
 
-from activities import contracts as c
+import api as c
 
 METRICS_HELP = "prometheus://HOST:PORT (an endpoint to scrape) or otlp://HOST:PORT (push over gRPC); default none"
 TRACING_HELP = "otlp://HOST:PORT (OTLP over HTTP), console (stderr), or none"  # kept in step with workers/cli.py

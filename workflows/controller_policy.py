@@ -8,7 +8,7 @@ from datetime import timedelta
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from activities import contracts as c
+    import api as c
     from workflows.calls import call
 
 # workflow.patched id: histories from before took the policy from their input.

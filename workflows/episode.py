@@ -11,11 +11,21 @@ from temporalio import workflow
 from workflows import metrics
 
 with workflow.unsafe.imports_passed_through():
-    from activities import contracts as c
+    import api as c
+    from api.episode import (
+        SA_NODE,
+        SA_OUTCOME,
+        SA_STAGE,
+        ActionRecord,
+        Outcome,
+        RemediationInput,
+        RemediationResult,
+        RemediationState,
+        Stage,
+    )
     from policies.model import Policy, RungPolicy
     from workflows.calls import call, call_or_none
-    from workflows.outcome import PATCH_OUTCOME_LEDGER
-    from workflows.remediation_types import (
+    from workflows.episode_constants import (
         ISSUE22_PATCHES,
         ISSUE22_REDTEAM_PATCHES,
         MAX_ACTIONS_KEPT,
@@ -30,16 +40,8 @@ with workflow.unsafe.imports_passed_through():
         PATCH_QUARANTINE_HOLD,
         PATCH_STICKY_CONDITIONS,
         PATCH_TRUSTED_INTAKE,
-        SA_NODE,
-        SA_OUTCOME,
-        SA_STAGE,
-        ActionRecord,
-        Outcome,
-        RemediationInput,
-        RemediationResult,
-        RemediationState,
-        Stage,
     )
+    from workflows.outcome import PATCH_OUTCOME_LEDGER
 
 
 def node_of(workflow_id: str, fallback: str) -> str:
@@ -86,7 +88,7 @@ class Episode:
         self._issue22 = {p for p in (*ISSUE22_PATCHES, *ISSUE22_REDTEAM_PATCHES) if workflow.patched(p)}
 
     def _fixed(self, patch: str) -> bool:
-        """Whether this run has issue 22's fix `patch` (remediation_types.ISSUE22_PATCHES)."""
+        """Whether this run has issue 22's fix `patch` (episode_constants.ISSUE22_PATCHES)."""
         return patch in self._issue22
 
     def _sticky(self) -> bool:

@@ -16,14 +16,33 @@ from temporalio.exceptions import FailureError
 from workflows import metrics
 
 with workflow.unsafe.imports_passed_through():
-    from activities import contracts as c
+    import api as c
+    from api.guard import (
+        MAX_RELEASED_KEPT,
+        FaultNotice,
+        GateRelease,
+        GuardInput,
+        GuardState,
+        GuardStatus,
+        Lease,
+        LeaseGrant,
+        LeaseRelease,
+        LeaseRequest,
+        QuarantineAnswer,
+        Waiting,
+    )
+    from api.names import (
+        GUARD_SIGNAL_FAULT,
+        GUARD_SIGNAL_RELEASE,
+        GUARD_SIGNAL_REQUEST,
+        HOLDER_SIGNAL_GRANTED,
+    )
     from policies.model import GuardPolicy
     from workflows.guard_books import GuardBooks
-    from workflows.guard_types import (
+    from workflows.guard_constants import (
         CANARY_FAILED,
         CANARY_PROVEN,
         LEFT_QUARANTINE,
-        MAX_RELEASED_KEPT,
         OLD_BEHAVIOUR,
         PATCH_GUARD_CHECK_BEFORE_NEW_RUN,
         PATCH_GUARD_IDLE_RECHECK,
@@ -35,23 +54,6 @@ with workflow.unsafe.imports_passed_through():
         PATCH_GUARD_STALE_REQUESTS,
         PATCH_GUARD_STEADY_RECHECK,
         PATCH_GUARD_UPGRADE,
-        GateRelease,
-        GuardInput,
-        GuardState,
-        GuardStatus,
-        Lease,
-        Waiting,
-    )
-    from workflows.lease import (
-        GUARD_SIGNAL_FAULT,
-        GUARD_SIGNAL_RELEASE,
-        GUARD_SIGNAL_REQUEST,
-        HOLDER_SIGNAL_GRANTED,
-        FaultNotice,
-        LeaseGrant,
-        LeaseRelease,
-        LeaseRequest,
-        QuarantineAnswer,
     )
 
 

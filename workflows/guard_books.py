@@ -11,11 +11,12 @@ from temporalio import workflow
 from temporalio.exceptions import FailureError
 
 with workflow.unsafe.imports_passed_through():
-    from activities import contracts as c
+    import api as c
+    from api.guard import MAX_NEWS_KEPT, Lease, LeaseRequest, QuarantineAnswer, Waiting
+    from api.names import HOLDER_SIGNAL_QUARANTINE
     from workflows.calls import call, call_or_none
+    from workflows.guard_constants import MAX_DEFERRED_KEPT
     from workflows.guard_gates import GuardGates
-    from workflows.guard_types import MAX_DEFERRED_KEPT, MAX_NEWS_KEPT, Lease, Waiting
-    from workflows.lease import HOLDER_SIGNAL_QUARANTINE, LeaseRequest, QuarantineAnswer
 
 
 class GuardBooks(GuardGates):

@@ -9,10 +9,10 @@ from datetime import datetime, timedelta
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from activities import contracts as c
+    import api as c
+    from api.guard import GuardInput, GuardState
     from policies.model import GuardPolicy, resolve_limit
     from workflows.calls import call_or_none
-    from workflows.guard_types import GuardInput, GuardState
 
 
 class GuardGates:

@@ -4,68 +4,27 @@ ending). The guard's side is workflows/fleet_guard.py."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import timedelta
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 from temporalio import workflow
 from temporalio.exceptions import FailureError
 
 with workflow.unsafe.imports_passed_through():
-    from activities import contracts as c
+    import api as c
+    from api.episode import Outcome
+    from api.guard import FaultNotice, LeaseGrant, LeaseRelease, LeaseRequest
+    from api.names import GUARD_SIGNAL_FAULT, GUARD_SIGNAL_RELEASE, GUARD_SIGNAL_REQUEST
     from policies.durations import format_duration
     from workflows.episode import Episode
-    from workflows.remediation_types import (
+    from workflows.episode_constants import (
         PATCH_GRANT_NEEDS_ID,
         PATCH_LEASE_REQUEST_IDS,
         PATCH_PAUSE_BEFORE_DRAIN,
-        Outcome,
     )
     from workflows.report_intake import fault_cleared
 
-GUARD_SIGNAL_FAULT = "fault"
-GUARD_SIGNAL_REQUEST = "request"
-GUARD_SIGNAL_RELEASE = "release"
-HOLDER_SIGNAL_GRANTED = "lease_granted"
-HOLDER_SIGNAL_QUARANTINE = "quarantine_answer"
 RESEND_BACKOFF_CAP = 8  # a waiting episode re-sends its request at most every 8 x holder_check_interval
-
-
-class LeaseRequest(BaseModel):
-    cluster: str
-    holder: str = Field(description="Workflow id of the requester; the grant is signalled to it.")
-    node: str
-    request_id: str = Field(default="", description="Which of the holder's requests this is: its grant echoes it.")
-
-
-class LeaseGrant(BaseModel):
-    holder: str
-    granted_at: datetime
-    request_id: str = Field(default="", description="The request granted: a late grant of an earlier one is refused.")
-
-
-class LeaseRelease(BaseModel):
-    holder: str
-    node: str = ""
-    outcome: str | None = Field(default=None, description="How the episode ended, or 'validated' at return to service.")
-    sent_at: datetime | None = Field(default=None, description="The sender's workflow clock (see FaultNotice).")
-
-
-class FaultNotice(BaseModel):
-    """A node entered quarantine (counts toward the storm breaker and the unhealthy limit), or asks
-    to (`admission`): the guard answers on HOLDER_SIGNAL_QUARANTINE, at once or once there is room."""
-
-    node: str
-    holder: str
-    fault_class: str | None = None
-    healthy: bool = Field(default=False, description="True: the node left quarantine (returned or replaced).")
-    admission: bool = Field(default=False, description="Asks before cordoning: admitted, or deferred with a reason.")
-    sent_at: datetime | None = Field(default=None, description="The sender's workflow clock: a healthy notice older "
-                                     "than the guard's latest news of the node is stale (a duplicate, or late).")
-
-
-class QuarantineAnswer(BaseModel):
-    admitted: bool
-    reason: str = ""
 
 
 class GuardClient(Episode):

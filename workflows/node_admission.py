@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 from temporalio import workflow
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
-    from activities import contracts as c
+    import api as c
+    from api.admission import AdmissionInput, AdmissionResult
+    from api.episode import ActionRecord, Outcome
+    from api.guard import LeaseGrant, LeaseRelease, LeaseRequest
+    from api.names import GUARD_SIGNAL_RELEASE, GUARD_SIGNAL_REQUEST, HOLDER_SIGNAL_GRANTED
     from policies.model import Policy
     from workflows.calls import call, cause
     from workflows.controller_policy import (
@@ -18,15 +22,7 @@ with workflow.unsafe.imports_passed_through():
         policy_taken,
         take_controller_policy,
     )
-    from workflows.lease import (
-        GUARD_SIGNAL_RELEASE,
-        GUARD_SIGNAL_REQUEST,
-        HOLDER_SIGNAL_GRANTED,
-        LeaseGrant,
-        LeaseRelease,
-        LeaseRequest,
-    )
-    from workflows.remediation_types import PATCH_NODE_PROFILES, ActionRecord, Outcome
+    from workflows.episode_constants import PATCH_NODE_PROFILES
     from workflows.validation import PATCH_LOAD_VALIDATION, validate_twice
 
 # workflow.patched id: the node is the workflow id's and must exist and be ours, its hardware ids come
@@ -39,25 +35,6 @@ PATCH_ADMISSION_NOT_BESIDE_EPISODE = "admission-not-beside-episode"
 # registered) or left quarantined for a person is not tainted or validated (safety soak, seed 669);
 # nor is one an earlier episode left quarantined before the admission started (red-team review).
 PATCH_ADMISSION_RECHECK = "admission-recheck-after-episode"
-
-
-class AdmissionInput(BaseModel):
-    """The agent starts admission: the policy is the controller's (histories from before carry one here),
-    and the hardware ids are read from the node by its own agent (a start's are ignored since admission-trusted)."""
-
-    node: str
-    policy: Policy | None = None
-    hardware_ids: list[str] = Field(default_factory=list,
-                                    description="What the starter claims: ignored, the node's agent says.")
-    expected_gpus: int | None = None
-
-
-class AdmissionResult(BaseModel):
-    node: str
-    outcome: Outcome
-    reason: str
-    validations: int
-    actions: list[ActionRecord]
 
 
 @workflow.defn(name=c.ADMISSION_WORKFLOW)

@@ -11,7 +11,7 @@ from datetime import timedelta
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from activities import contracts as c
+    import api as c
     from policies.baseline import NodeExpectations
     from workflows.calls import call
 

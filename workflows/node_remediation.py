@@ -8,28 +8,8 @@ from temporalio import workflow
 from temporalio.common import RawValue
 
 with workflow.unsafe.imports_passed_through():
-    from activities import contracts as c
-    from policies.classify import classify
-    from policies.model import Rung
-    from workflows.controller_policy import (
-        controller_policy_applies,
-        ignored_fields,
-        policy_taken,
-        take_controller_policy,
-    )
-    from workflows.episode import node_of
-    from workflows.lease import HOLDER_SIGNAL_GRANTED, HOLDER_SIGNAL_QUARANTINE, LeaseGrant, QuarantineAnswer
-    from workflows.outcome import PATCH_OUTCOME_LEDGER, outcome_fields
-    from workflows.remediation_steps import RemediationSteps
-    from workflows.remediation_types import (
-        PATCH_APPROVE_RUNG,
-        PATCH_CLOSE_BARRIER,
-        PATCH_FIRST_REPORT_DEADLINE,
-        PATCH_KILL_IMPLICATED,
-        PATCH_LEASE_BACKOFF,
-        PATCH_NODE_PROFILES,
-        PATCH_REPEAT_PER_BOARD,
-        PATCH_REPLACE_ON_AGENT_RECURRENCE,
+    import api as c
+    from api.episode import (
         SA_ATTRIBUTION,
         SA_FAULT,
         SA_UUIDS,
@@ -40,6 +20,29 @@ with workflow.unsafe.imports_passed_through():
         RemediationStatus,
         Stage,
     )
+    from api.guard import LeaseGrant, QuarantineAnswer
+    from api.names import HOLDER_SIGNAL_GRANTED, HOLDER_SIGNAL_QUARANTINE
+    from policies.classify import classify
+    from policies.model import Rung
+    from workflows.controller_policy import (
+        controller_policy_applies,
+        ignored_fields,
+        policy_taken,
+        take_controller_policy,
+    )
+    from workflows.episode import node_of
+    from workflows.episode_constants import (
+        PATCH_APPROVE_RUNG,
+        PATCH_CLOSE_BARRIER,
+        PATCH_FIRST_REPORT_DEADLINE,
+        PATCH_KILL_IMPLICATED,
+        PATCH_LEASE_BACKOFF,
+        PATCH_NODE_PROFILES,
+        PATCH_REPEAT_PER_BOARD,
+        PATCH_REPLACE_ON_AGENT_RECURRENCE,
+    )
+    from workflows.outcome import PATCH_OUTCOME_LEDGER, outcome_fields
+    from workflows.remediation_steps import RemediationSteps
     from workflows.report_intake import describe, record_rejection, take_report
     from workflows.rungs import RungActions
     from workflows.suspect import PATCH_SUSPECT_LOAD_TEST, SuspectCheck

@@ -13,8 +13,8 @@ from types import MappingProxyType
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from activities import contracts as c
-    from workflows.remediation_types import RemediationState
+    import api as c
+    from api.episode import RemediationState
 
 # workflow.patched id: ledger records carry phases, pods and the out-of-service time (issue 26).
 PATCH_OUTCOME_LEDGER = "outcome-ledger"

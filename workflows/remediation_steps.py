@@ -10,13 +10,13 @@ from temporalio import workflow
 from workflows import metrics
 
 with workflow.unsafe.imports_passed_through():
-    from activities import contracts as c
+    import api as c
+    from api.episode import Outcome, Stage
     from policies.classify import Triage
     from policies.findings import HealthReport, condition_since
     from policies.model import Rung
     from workflows.calls import call_or_none
-    from workflows.lease import GuardClient
-    from workflows.remediation_types import (
+    from workflows.episode_constants import (
         HOLD_RECHECK_FIRST,
         HOLD_RECHECK_MAX,
         PATCH_APPROVAL_NO_LEASE,
@@ -24,9 +24,8 @@ with workflow.unsafe.imports_passed_through():
         PATCH_HOLD_UNCHECKED,
         PATCH_IMPLICATE_PLATFORM_ONLY,
         PATCH_REPEAT_PER_BOARD,
-        Outcome,
-        Stage,
     )
+    from workflows.lease import GuardClient
 
 
 class RemediationSteps(GuardClient):

@@ -3,46 +3,24 @@ duplicate, or rejected with the reason), and which of its findings are news."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
 
+from api.episode import RejectedReport, RemediationState, Stage
+from api.reports import report_bounds_problem
 from policies.classify import classify
 from policies.findings import Finding, HealthReport
 from policies.model import Generation, Policy, Rung
-from workflows.remediation_types import (
-    MAX_BOOTS_KEPT,
-    MAX_REJECTED_KEPT,
-    MAX_SEQ_SENDERS_KEPT,
-    RejectedReport,
-    RemediationState,
-    Stage,
-)
+from workflows.episode_constants import MAX_BOOTS_KEPT, MAX_REJECTED_KEPT, MAX_SEQ_SENDERS_KEPT
 
 MAX_EVENTS_KEPT = 256  # event ids an episode remembers (bounded: continue-as-new carries them)
-# A report's bounds, checked by the sender and again by the workflow: the episode keeps up to three
-# reports (first, latest, recurrence), and continue-as-new must carry its state far below
-# Temporal's 2 MB payload limit whatever a sender does.
-MAX_REPORT_BYTES = 64 * 1024
-MAX_REPORT_FINDINGS = 256
 # A sequence is a detector's wall clock in microseconds (or a small counter): one more than a day
 # ahead of the workflow's clock is no sequence, and none counts as later than the clock itself, so a
 # spoofed huge one cannot make the genuine sender's reports stale for longer than its clock skew.
 MAX_SEQ_AHEAD_US = 24 * 3600 * 10**6
-
-
-def report_bounds_problem(raw) -> str | None:
-    """Why a report (as received) is over its bounds, or None."""
-    size = len(json.dumps(raw, default=str, separators=(",", ":")))
-    if size > MAX_REPORT_BYTES:
-        return f"report too large: {size} bytes (at most {MAX_REPORT_BYTES})"
-    findings = raw.get("findings") if isinstance(raw, dict) else None
-    if isinstance(findings, list) and len(findings) > MAX_REPORT_FINDINGS:
-        return f"report has {len(findings)} findings (at most {MAX_REPORT_FINDINGS})"
-    return None
 
 
 def new_event_ids(report: HealthReport, seen: list[str]) -> list[str]:

@@ -9,11 +9,11 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
-    from activities import contracts as c
+    import api as c
+    from api.episode import Outcome
     from policies.model import Rung, RungPolicy
     from workflows.calls import agent_gone, call_or_none, cause
-    from workflows.lease import GuardClient
-    from workflows.remediation_types import (
+    from workflows.episode_constants import (
         PATCH_AGENT_BOOT,
         PATCH_AGENT_GPUS,
         PATCH_AGENT_MISSING_TOP,
@@ -23,8 +23,8 @@ with workflow.unsafe.imports_passed_through():
         PATCH_KILL_IMPLICATED,
         PATCH_REBOOT_DOUBT,
         PATCH_REPLACE_THEN_DENY,
-        Outcome,
     )
+    from workflows.lease import GuardClient
     from workflows.validation import (
         COULD_NOT_RUN,
         PATCH_LOAD_VALIDATION,

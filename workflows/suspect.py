@@ -8,9 +8,9 @@ from __future__ import annotations
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from activities import contracts as c
+    import api as c
+    from api.episode import SA_FAULT, Outcome
     from policies.findings import Finding, FindingKind
-    from workflows.remediation_types import SA_FAULT, Outcome
     from workflows.validation import validate_once
 
 # workflow.patched id: a suspect-only episode load-tests the drained node before its first rung.

@@ -9,7 +9,7 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
-    from activities import contracts as c
+    import api as c
     from policies.load import describe
     from policies.model import ValidationPolicy
     from workflows.calls import agent_gone, call, call_or_none

@@ -19,7 +19,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from temporalio import activity
 
-from activities import contracts as c
+import api as c
 from activities.errors import INVALID_REQUEST, NO_EFFECT, NODE_GONE, NOT_OWNED, PERMISSION_DENIED, fail
 from activities.kube import CLUSTER_CALL_THREADS, call_api
 from activities.providers.base import ProviderSettings, kubelet_boot_id, mark_replaced, read_node

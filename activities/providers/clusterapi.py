@@ -13,7 +13,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from temporalio.exceptions import ApplicationError
 
-from activities import contracts as c
+import api as c
 from activities.errors import NO_EFFECT, NODE_GONE, NOT_OWNED, fail
 from activities.kube import call_api
 from activities.providers.base import ProviderSettings, mark_replaced, read_node

@@ -3,7 +3,7 @@ final observation. Each returns the violations it found as (invariant, what happ
 
 from __future__ import annotations
 
-from activities import contracts as c
+import api as c
 from policies.classify import classify
 from policies.findings import NODE_HARDWARE_KINDS, Finding
 from policies.model import Rung, resolve_limit

@@ -48,7 +48,7 @@ def applied(name: str | None):
         patch(RungActions, "_agent_missing_stops", lambda self, rung: "")
         patch(RungActions, "_kubelet_boot_id", no_boot_id)
     elif name == "kill_filter":
-        from activities import contracts as c
+        import api as c
 
         async def kill_everything(self, summary, rp, whole_node):
             # The GPU filter gone: every GPU's processes, every MIG tenant's.

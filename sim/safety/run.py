@@ -99,7 +99,7 @@ async def _wait(env: WorkflowEnvironment, handles: list) -> None:
 async def _pending(env: WorkflowEnvironment, w: SafetyWorld) -> list[str]:
     """What a stalled schedule's workflows wait on (the server's clock stops while any workflow
     task stays unanswered)."""
-    from activities.contracts import admission_workflow_id, guard_workflow_id, remediation_workflow_id
+    from api.names import admission_workflow_id, guard_workflow_id, remediation_workflow_id
 
     names = [*w.nodes, w.sched.ghost]
     ids = [driver_id(w.sched.seed), guard_workflow_id(w.cluster), guard_workflow_id(f"other-{w.sched.seed}"),

@@ -9,16 +9,17 @@ from datetime import UTC, datetime
 
 from temporalio.common import WorkflowIDReusePolicy
 
-from activities import contracts as c
+import api as c
+from api.admission import AdmissionInput
+from api.episode import RemediationInput
+from api.guard import GateRelease, LeaseGrant
+from api.names import HOLDER_SIGNAL_GRANTED
 from policies.findings import Finding, GpuIds, HealthReport
 from sim.safety.schedule import Step
 from sim.safety.world import OLD_DENIED, SafetyWorld, SimNode
 from workers.reporting import send_report
-from workflows.guard_types import GateRelease
-from workflows.lease import HOLDER_SIGNAL_GRANTED, LeaseGrant
-from workflows.node_admission import AdmissionInput, NodeAdmission
+from workflows.node_admission import NodeAdmission
 from workflows.node_remediation import NodeRemediation
-from workflows.remediation_types import RemediationInput
 
 OPERATOR = "safety-operator"
 RPC_S = 5.0  # wall seconds an operator waits for an answer (the controller may be down)

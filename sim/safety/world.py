@@ -17,7 +17,7 @@ from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-from activities import contracts as c
+import api as c
 from activities.guard import GuardActivities
 from activities.policy import PolicyActivities
 from policies.findings import Finding, HealthReport

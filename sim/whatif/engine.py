@@ -26,9 +26,9 @@ from temporalio.runtime import LoggingConfig, Runtime, TelemetryConfig, Telemetr
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities import contracts as c
-from activities.contracts import remediation_workflow_id
+import api as c
 from activities.outcomes import figures
+from api.names import remediation_workflow_id
 from policies.loader import load_policy
 from policies.model import Policy
 from sim.whatif.clock import ClockEvent, ClockInput, WhatIfClock, clock_workflow_id

@@ -21,7 +21,7 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from activities import contracts as c
+import api as c
 from activities.guard import GuardActivities
 from activities.policy import PolicyActivities
 from policies.findings import Finding, GpuIds, HealthReport

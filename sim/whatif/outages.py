@@ -10,7 +10,7 @@ figures at scale (the Llama 3 calibration), and the full what-if to judge a poli
 
 from __future__ import annotations
 
-from activities import contracts as c
+import api as c
 from policies.classify import classify
 from policies.findings import Finding
 from policies.model import Generation, Policy, Rung

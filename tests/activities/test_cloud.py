@@ -8,7 +8,7 @@ from kubernetes import client
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities import contracts as c
+import api as c
 from activities.cloud import CloudActivities
 from activities.kube import KubeActivities
 from activities.providers.aws import (

@@ -11,7 +11,7 @@ from kubernetes.client.exceptions import ApiException
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities import contracts as c
+import api as c
 from activities.cloud import CloudActivities
 from activities.errors import INVALID_REQUEST, NOT_OWNED
 from activities.providers import PROVIDERS, make_provider

@@ -8,7 +8,7 @@ from kubernetes import client
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities import contracts as c
+import api as c
 from activities.kube import (
     ATTRIBUTION_ANNOTATION,
     CALL_TRIES,

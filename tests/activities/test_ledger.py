@@ -5,7 +5,7 @@ from datetime import UTC, datetime, timedelta
 
 from temporalio.testing import ActivityEnvironment
 
-from activities import contracts as c
+import api as c
 from activities.ledger import LedgerActivities
 
 

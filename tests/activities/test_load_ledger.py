@@ -4,7 +4,7 @@ from datetime import UTC, datetime, timedelta
 
 from temporalio.testing import ActivityEnvironment
 
-from activities import contracts as c
+import api as c
 from activities.load_ledger import LoadFigureActivities, outliers
 from policies.load import GpuLoadResult
 

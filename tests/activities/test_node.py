@@ -10,7 +10,7 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities import contracts as c
+import api as c
 from activities.node import NodeActivities
 from health.nics import NicExpectation
 from health.runner import ProbeConfig

@@ -5,7 +5,7 @@ import time
 
 from temporalio.testing import ActivityEnvironment
 
-from activities import contracts as c
+import api as c
 from activities.node import NodeActivities
 from health.nvml import XidWatcher, nvml_session
 from health.runner import ProbeConfig

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from temporalio.testing import ActivityEnvironment
 
-from activities import contracts as c
+import api as c
 from activities.ledger import LedgerActivities, SqliteLedger
 from activities.outcomes import failed_again, figures, outcome_report
 from policies.findings import Finding

@@ -17,14 +17,14 @@ from temporalio.client import WorkflowExecutionStatus
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from activities.contracts import remediation_workflow_id
+from api.episode import Outcome, RemediationResult
+from api.names import remediation_workflow_id
 from policies.loader import policy_yaml
 from sim.fault_proxy import AwsFaultProxy
 from sim.fleet import SimulatedFleet
 from sim.scenario import load_scenario
 from tests.net import free_port
 from workers.embedded_temporal import binary, search_attribute_flags
-from workflows.remediation_types import Outcome, RemediationResult
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -11,13 +11,11 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 from temporalio.api.enums.v1 import EventType
 
+from api.episode import RemediationResult
 from policies.findings import MAX_FINDINGS, HealthReport
 from policies.loader import default_policy
 from tests.workflows.fakes import FakeFleet, FakeNode, xid
 from workflows.node_remediation import NodeRemediation
-from workflows.remediation_types import (
-    RemediationResult,
-)
 
 json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
                            lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),

@@ -8,7 +8,7 @@ import contextlib
 
 import pytest
 
-from activities.contracts import guard_workflow_id
+from api.names import guard_workflow_id
 from sim.fleet import SimulatedFleet
 from tests.chaos.conftest import outcome, scenario
 from workflows.fleet_guard import FleetGuard

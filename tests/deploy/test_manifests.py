@@ -14,17 +14,15 @@ import yaml
 from kubernetes import client
 from temporalio.testing import ActivityEnvironment
 
-from activities import contracts as c
+import api as c
 from activities.cloud import CloudActivities
 from activities.kube import KubeActivities
 from activities.providers.clusterapi import ClusterApiProvider
+from api.episode import SEARCH_ATTRIBUTES
 from policies.loader import policy_from_mapping
 from sim.fake_kube import FakeKubeServer
 from workers.cli_parser import build_parser
 from workers.condition_watcher import ConditionRule, ConditionWatcher, WatcherConfig
-from workflows.remediation_types import (
-    SEARCH_ATTRIBUTES,
-)
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = {"Namespace": "V1Namespace", "ServiceAccount": "V1ServiceAccount", "ClusterRole": "V1ClusterRole",

@@ -23,14 +23,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from activities.contracts import remediation_workflow_id
+from api.episode import RemediationResult
+from api.names import remediation_workflow_id
 from sim.fake_kube import FakeKubeServer
 from tests.mtls import MtlsProxy, Pki
 from tests.net import free_port
 from workflows.node_remediation import NodeRemediation
-from workflows.remediation_types import (
-    RemediationResult,
-)
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICY_MOUNT = "/etc/gpuheal/policy.yaml"

@@ -12,7 +12,7 @@ from botocore.exceptions import EndpointConnectionError
 from kubernetes import client
 from temporalio.testing import ActivityEnvironment
 
-from activities import contracts as c
+import api as c
 from activities.kube import replaced_host
 from activities.ledger import SqliteLedger
 from activities.node import NodeActivities

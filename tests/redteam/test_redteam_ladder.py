@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 from temporalio import activity
 
-from activities import contracts as c
+import api as c
 from policies.findings import Finding, HealthReport
 from policies.loader import default_policy
 from tests.workflows.fakes import DESTRUCTIVE, FakeFleet, FakeNode, xid

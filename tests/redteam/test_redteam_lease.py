@@ -10,12 +10,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from temporalio.client import WorkflowUpdateFailedError
 
-from activities.contracts import guard_workflow_id
+from api.guard import LeaseGrant
+from api.names import guard_workflow_id
 from policies.loader import default_policy
 from tests.workflows.fakes import FakeFleet, FakeNode, xid
 from tests.workflows.test_node_remediation import wait_for
 from workflows.fleet_guard import FleetGuard
-from workflows.lease import LeaseGrant
 from workflows.node_remediation import NodeRemediation
 
 

@@ -7,13 +7,11 @@ import contextlib
 
 import pytest
 
-from activities.contracts import remediation_workflow_id
+from api.episode import RemediationResult
+from api.names import remediation_workflow_id
 from sim.fleet import SimulatedFleet
 from sim.scenario import load_scenario
 from workflows.node_remediation import NodeRemediation
-from workflows.remediation_types import (
-    RemediationResult,
-)
 
 
 async def result_of(client, node: str, cluster: str) -> RemediationResult:

@@ -14,7 +14,7 @@ import pytest
 from kubernetes import client
 from temporalio.testing import ActivityEnvironment
 
-from activities import contracts as c
+import api as c
 from activities.kube import KubeActivities
 from sim.fake_kube import FakeKubeServer
 

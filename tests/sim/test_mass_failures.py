@@ -12,14 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from activities.contracts import guard_workflow_id
+from api.episode import RemediationResult
+from api.names import guard_workflow_id
 from sim.fleet import SimulatedFleet
 from sim.scenario import load_scenario
 from workflows.fleet_guard import FleetGuard
 from workflows.node_remediation import NodeRemediation
-from workflows.remediation_types import (
-    RemediationResult,
-)
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from api.episode import RemediationResult
 from sim.fleet import SimulatedFleet
 from sim.scenario import load_scenario
-from workflows.remediation_types import RemediationResult
 
 
 @pytest.mark.timeout(240)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from activities import contracts as c
+import api as c
 from activities.outcomes import outcome_report
 from policies.findings import Finding
 from policies.loader import load_policy

@@ -4,7 +4,7 @@ import asyncio
 
 from temporalio.api.enums.v1 import EventType
 
-from activities.contracts import admission_workflow_id, remediation_workflow_id
+from api.names import admission_workflow_id, remediation_workflow_id
 from health.nics import NicExpectation
 from health.runner import ProbeConfig
 from policies.loader import default_policy
@@ -104,7 +104,7 @@ async def test_agent_reports_kernel_log_xid_and_fails_closed_on_unreadable_log(t
 
 
 async def test_first_report_of_a_new_node_starts_admission_once(ts_env, uniq, tmp_path):
-    from workflows.node_admission import AdmissionResult
+    from api.admission import AdmissionResult
 
     policy = default_policy().scaled(0.001)
     node = f"fresh-{uniq}"

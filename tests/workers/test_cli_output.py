@@ -6,13 +6,13 @@ import json
 
 import yaml
 
+from api.episode import RemediationStatus
+from api.guard import GuardStatus
 from policies.loader import default_policy
 from tests.workers.test_operator_cli import cli
 from tests.workflows.fakes import FakeFleet, FakeNode, xid
 from workers.render import human, table
-from workflows.guard_types import GuardStatus
 from workflows.node_remediation import NodeRemediation
-from workflows.remediation_types import RemediationStatus
 
 EPISODE_ROW = {"node", "stage", "next_rung", "fault_class", "paused", "awaiting_approval"}
 HISTORY_ROW = {"run_id", "started", "status", "outcome", "reason", "rungs", "steps"}

@@ -4,7 +4,7 @@ import asyncio
 
 from kubernetes import client
 
-from activities.contracts import remediation_workflow_id
+from api.names import remediation_workflow_id
 from policies.loader import default_policy
 from sim.fake_kube import FakeKubeServer
 from tests.workflows.fakes import FakeFleet, FakeNode

@@ -8,8 +8,9 @@ import sys
 
 from temporalio.worker import Worker
 
-from activities.contracts import node_task_queue, remediation_workflow_id
 from activities.node import NodeActivities
+from api.episode import RemediationResult
+from api.names import node_task_queue, remediation_workflow_id
 from health.nics import NicExpectation
 from health.runner import ProbeConfig
 from policies.findings import Finding, HealthReport
@@ -17,9 +18,6 @@ from policies.loader import default_policy, policy_yaml
 from sim.fake_kube import FakeKubeServer
 from sim.nvml import SimulatedNvml
 from workers.reporting import send_report
-from workflows.remediation_types import (
-    RemediationResult,
-)
 
 
 async def test_controller_process_runs_an_episode(dev_env, uniq, tmp_path):

@@ -18,11 +18,9 @@ import pytest
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from activities.contracts import remediation_workflow_id
+from api.episode import RemediationResult
+from api.names import remediation_workflow_id
 from workers.demo import children
-from workflows.remediation_types import (
-    RemediationResult,
-)
 
 ROOT = Path(__file__).resolve().parents[2]
 ACCESS_LOG = re.compile(r'"(GET|POST|PUT|PATCH|DELETE) [^"]+ HTTP/1\.[01]" \d{3}')

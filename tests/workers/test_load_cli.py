@@ -5,7 +5,7 @@ import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
 
-from activities import contracts as c
+import api as c
 from activities.ledger import SqliteLedger
 from activities.load_ledger import SqliteFigures
 from policies.load import GpuLoadResult

@@ -5,13 +5,11 @@ import json
 import subprocess
 import sys
 
-from activities.contracts import remediation_workflow_id
+from api.episode import RemediationResult
+from api.names import remediation_workflow_id
 from policies.loader import default_policy
 from tests.workflows.fakes import FakeFleet, FakeNode, xid
 from workflows.node_remediation import NodeRemediation
-from workflows.remediation_types import (
-    RemediationResult,
-)
 
 
 async def cli(address: str, *argv: str) -> subprocess.CompletedProcess:
@@ -79,9 +77,7 @@ async def test_status_approve_history_report_pause(dev_env, uniq, tmp_path):
 
 async def test_status_of_an_episode_nobody_serves_ends_naming_the_queue(dev_env, uniq):
     """A query with no worker polling would wait forever: the CLI says why, within seconds."""
-    from workflows.remediation_types import (
-        RemediationInput,
-    )
+    from api.episode import RemediationInput
 
     node, queue = f"orphan-{uniq}", f"nobody-{uniq}"
     handle = await dev_env.client.start_workflow(NodeRemediation.run, RemediationInput(node=node),
@@ -120,9 +116,7 @@ async def test_history_reads_closed_runs_nobody_serves_and_marks_an_unreachable_
     """After an earlier demo (`--keep` reuses the dev server's database) nobody polls the closed runs'
     task queue: `history` reads them from their event histories; a running episode that cannot answer
     is one row saying why, not a failed listing."""
-    from workflows.remediation_types import (
-        RemediationInput,
-    )
+    from api.episode import RemediationInput
 
     policy = default_policy().scaled(0.001)
     fleet = FakeFleet(client=dev_env.client, task_queue=f"gone-{uniq}", policy=policy, cluster="default")

@@ -11,15 +11,13 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from temporalio.service import TLSConfig
 
+from api.episode import RemediationResult
 from policies.findings import Finding
 from policies.loader import default_policy
 from tests.net import free_port
 from tests.workflows.fakes import FakeFleet, FakeNode, xid
 from workers import telemetry
 from workers.temporal_client import TemporalOptions, connect, connect_config
-from workflows.remediation_types import (
-    RemediationResult,
-)
 
 
 def scrape(port: int) -> str:

@@ -7,10 +7,9 @@ from datetime import timedelta
 from temporalio import workflow
 
 from workflows.node_remediation import NodeRemediation
-from workflows.remediation_types import (
-    RemediationInput,
-    RemediationResult,
-)
+
+with workflow.unsafe.imports_passed_through():  # the models the workflow passed through: one copy of each
+    from api.episode import RemediationInput, RemediationResult
 
 
 @workflow.defn(name="NodeRemediation")

@@ -18,11 +18,11 @@ from temporalio.client import Client
 from temporalio.service import RPCError
 from temporalio.worker import Worker
 
-from activities import contracts as c
-from activities.contracts import guard_workflow_id, remediation_workflow_id
+import api as c
 from activities.errors import NO_EFFECT, fail
 from activities.guard import GuardActivities
 from activities.policy import PolicyActivities
+from api.names import guard_workflow_id, remediation_workflow_id
 from policies.findings import Finding, GpuIds, HealthReport
 from policies.model import Policy, Rung
 from workers.reporting import send_report

@@ -97,7 +97,7 @@ GUARD_PATHS = {
 async def record_guard(env: WorkflowEnvironment, name: str) -> dict:
     """One FleetGuard history: episodes on the stand-in fleet, a policy update from the controller,
     then the guard terminated at the end as the tests do."""
-    from activities.contracts import guard_workflow_id
+    from api.names import guard_workflow_id
     from workers.controller import tell_guard_the_policy
 
     make_policy, size, failing, options = GUARD_PATHS[name]
@@ -130,7 +130,7 @@ ADMISSION_PATHS = {
 
 
 async def record_admission(env: WorkflowEnvironment, name: str) -> dict:
-    from activities.contracts import admission_workflow_id
+    from api.names import admission_workflow_id
     from workers.reporting import start_admission
     from workflows.node_admission import NodeAdmission
 

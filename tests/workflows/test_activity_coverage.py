@@ -7,7 +7,7 @@ import inspect
 from datetime import UTC, datetime
 from pathlib import Path
 
-from activities import contracts as c
+import api as c
 from activities.cloud import CloudActivities
 from activities.guard import GuardActivities
 from activities.kube import KubeActivities

@@ -10,12 +10,13 @@ from temporalio.common import WorkflowIDReusePolicy
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
-from activities.contracts import admission_workflow_id
+from api.admission import AdmissionInput
+from api.names import admission_workflow_id
 from tests.workflows.fakes import FakeNode, xid
 from tests.workflows.test_node_remediation import make_fleet, wait_for
 from tests.workflows.test_trust_boundaries import controller_policy
 from workers.reporting import start_admission
-from workflows.node_admission import AdmissionInput, NodeAdmission
+from workflows.node_admission import NodeAdmission
 
 
 async def test_a_restart_of_an_admitted_node_with_claimed_denylisted_ids_does_nothing(ts_env, uniq):

@@ -9,13 +9,13 @@ import json
 import pytest
 from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
 
-from activities.contracts import remediation_workflow_id
+from api.names import remediation_workflow_id
+from api.reports import MAX_REPORT_BYTES, report_bounds_problem
 from policies.findings import Finding, GpuIds, HealthReport
 from tests.workflows.fakes import FakeNode, xid
 from tests.workflows.test_node_remediation import make_fleet
 from workers.reporting import ReportTooLarge, fit_to_bounds, send_report
 from workflows.node_remediation import NodeRemediation
-from workflows.report_intake import MAX_REPORT_BYTES, report_bounds_problem
 
 
 def big_finding(i: int) -> dict:

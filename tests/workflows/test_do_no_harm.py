@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import pytest
 
-from activities.contracts import guard_workflow_id, remediation_workflow_id
+from api.names import guard_workflow_id, remediation_workflow_id
 from policies.findings import Finding
 from policies.loader import default_policy
 from tests.workflows.fakes import FakeNode, xid

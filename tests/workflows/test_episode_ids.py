@@ -11,14 +11,14 @@ import pytest
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.worker import Worker
 
-from activities import contracts as c
-from activities.contracts import legacy_remediation_workflow_id, remediation_workflow_id
+import api as c
+from api.episode import RemediationInput, RemediationResult
+from api.names import legacy_remediation_workflow_id, remediation_workflow_id
 from tests.workflows.fakes import FakeFleet, FakeNode, xid
 from tests.workflows.test_node_remediation import make_fleet, wait_for
 from workers import operator as op
 from workers.reporting import episode_id
 from workflows.node_remediation import NodeRemediation
-from workflows.remediation_types import RemediationInput, RemediationResult
 
 
 def test_ids_name_cluster_and_node_and_refuse_a_slash():

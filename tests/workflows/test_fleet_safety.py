@@ -5,11 +5,12 @@ from datetime import timedelta
 
 import pytest
 
-from activities.contracts import admission_workflow_id, guard_workflow_id
+from api.admission import AdmissionInput
+from api.names import admission_workflow_id, guard_workflow_id
 from policies.loader import default_policy
 from tests.workflows.fakes import FakeFleet, FakeNode, xid
 from workflows.fleet_guard import FleetGuard
-from workflows.node_admission import AdmissionInput, NodeAdmission
+from workflows.node_admission import NodeAdmission
 
 
 def fleet_for(ts_env, uniq, policy) -> FakeFleet:

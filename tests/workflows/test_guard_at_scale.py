@@ -10,12 +10,12 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
-from activities.contracts import guard_workflow_id, remediation_workflow_id
+from api.guard import GuardInput, GuardState
+from api.names import guard_workflow_id, remediation_workflow_id
 from tests.workflows.fakes import FakeNode, xid
 from tests.workflows.test_guard_never_wedged import fleet_of, guard_status, quick_policy
 from tests.workflows.test_node_remediation import wait_for
 from workflows.fleet_guard import FleetGuard
-from workflows.guard_types import GuardInput, GuardState
 
 GHOSTS = 2000
 RPC_S = 0.02

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from datetime import timedelta
 
-from activities.contracts import guard_workflow_id
+from api.names import guard_workflow_id
 from policies.loader import default_policy
 from tests.workflows.fakes import FakeFleet, FakeNode, xid
 from tests.workflows.test_node_remediation import wait_for
@@ -193,7 +193,8 @@ async def test_messages_wake_the_guard_without_cancelling_its_recheck_timer(dev_
     """A message is a wake, not a new deadline (guard-steady-recheck): the re-check timer is left to
     fire. A CancelTimer for a timer that fired during the task wedges the time-skipping server
     (sdk-java#3088), and each message used to cost two timer events."""
-    from workflows.lease import GUARD_SIGNAL_RELEASE, LeaseRelease
+    from api.guard import LeaseRelease
+    from api.names import GUARD_SIGNAL_RELEASE
 
     policy = quick_policy()
     policy.guard.max_disruptive = 1

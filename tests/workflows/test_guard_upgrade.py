@@ -11,13 +11,13 @@ from temporalio import workflow
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer, UnsandboxedWorkflowRunner, Worker
 
-from activities.contracts import guard_workflow_id
+from api.guard import GuardInput, GuardState
+from api.names import guard_workflow_id
 from tests.workflows.fakes import FakeNode, xid
 from tests.workflows.test_guard_never_wedged import fleet_of, quick_policy
 from tests.workflows.test_node_remediation import wait_for
 from workers.controller import tell_guard_the_policy
 from workflows.fleet_guard import FleetGuard
-from workflows.guard_types import GuardInput, GuardState
 from workflows.node_remediation import NodeRemediation
 
 

@@ -8,14 +8,14 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from temporalio.client import WorkflowUpdateFailedError
 
-from activities.contracts import guard_workflow_id
+from api.guard import LeaseGrant
+from api.names import guard_workflow_id
 from policies.findings import Finding
 from policies.loader import default_policy
 from tests.workflows.fakes import DESTRUCTIVE, FakeNode, xid
 from tests.workflows.test_do_no_harm import event, stage_is
 from tests.workflows.test_node_remediation import make_fleet, run_with_status, wait_for
 from workflows.fleet_guard import FleetGuard
-from workflows.lease import LeaseGrant
 from workflows.node_remediation import NodeRemediation
 
 

@@ -3,7 +3,7 @@ load-tested before any rung (time-skipping server, stand-in activities)."""
 
 from __future__ import annotations
 
-from activities import contracts as c
+import api as c
 from policies.findings import Finding
 from policies.loader import default_policy
 from tests.workflows.fakes import FakeFleet, FakeNode, xid

@@ -11,15 +11,13 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowUpdateFailedError
 from temporalio.service import RPCError
 
-from activities.contracts import guard_workflow_id
+from api.episode import RemediationResult
+from api.names import guard_workflow_id
 from policies.findings import Finding
 from policies.loader import default_policy
 from tests.workflows.fakes import FakeFleet, FakeNode, xid
 from workflows.fleet_guard import FleetGuard
 from workflows.node_remediation import NodeRemediation
-from workflows.remediation_types import (
-    RemediationResult,
-)
 
 
 def make_fleet(ts_env, uniq, policy=None) -> FakeFleet:

@@ -106,8 +106,8 @@ async def test_a_node_held_unchecked_is_remediated_on_a_new_report_once_the_api_
 def test_the_recheck_doubles_up_to_an_hour():
     from datetime import timedelta
 
+    from api.episode import RemediationState
     from workflows.remediation_steps import RemediationSteps
-    from workflows.remediation_types import RemediationState
 
     steps = RemediationSteps.__new__(RemediationSteps)
     steps.s = RemediationState()

@@ -6,10 +6,11 @@ from datetime import UTC, datetime
 
 import pytest
 
+from api.episode import RemediationState, Stage
+from api.reports import MAX_REPORT_FINDINGS
 from policies.loader import default_policy
 from policies.model import Generation
-from workflows.remediation_types import RemediationState, Stage
-from workflows.report_intake import MAX_REPORT_FINDINGS, record_rejection, take_report
+from workflows.report_intake import record_rejection, take_report
 
 NOW = datetime(2026, 12, 3, tzinfo=UTC)
 

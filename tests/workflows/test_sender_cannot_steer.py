@@ -9,14 +9,14 @@ import asyncio
 from temporalio.api.common.v1 import Payload
 from temporalio.common import RawValue
 
-from activities.contracts import guard_workflow_id, remediation_workflow_id
+from api.episode import RemediationInput
+from api.names import guard_workflow_id, remediation_workflow_id
 from policies.loader import default_policy
 from tests.workflows.fakes import FakeNode, xid
 from tests.workflows.test_node_remediation import make_fleet, wait_for
 from tests.workflows.test_trust_boundaries import controller_policy
 from workers.reporting import send_report
 from workflows.node_remediation import NodeRemediation
-from workflows.remediation_types import RemediationInput
 
 
 async def _status(handle):
@@ -152,7 +152,7 @@ async def test_an_episode_started_by_a_rejected_report_ends_rejected_not_wedged(
     with why (before first-report-deadline it waited at triage, unseen, for ever)."""
     from temporalio.common import WorkflowIDConflictPolicy
 
-    from workflows.remediation_types import RemediationResult
+    from api.episode import RemediationResult
 
     fleet = make_fleet(ts_env, uniq, controller_policy())
     n = fleet.add(FakeNode(f"badstart-{uniq}", [xid(48)], cured_by="reboot"))

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 from kubernetes import client as k8s
 
-from activities.contracts import remediation_workflow_id
+from api.names import remediation_workflow_id
 from policies.loader import default_policy
 from policies.model import Generation
 from tests.workflows.fakes import FakeNode

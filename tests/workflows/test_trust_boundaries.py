@@ -6,18 +6,15 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from activities.contracts import admission_workflow_id, guard_workflow_id, remediation_workflow_id
 from activities.policy import policy_hash
+from api.admission import AdmissionInput
+from api.episode import RemediationInput, RemediationState, Stage
+from api.names import admission_workflow_id, guard_workflow_id, remediation_workflow_id
 from policies.loader import default_policy
 from tests.workflows.fakes import FakeNode, xid
 from tests.workflows.test_node_remediation import make_fleet, wait_for
-from workflows.node_admission import AdmissionInput, NodeAdmission
+from workflows.node_admission import NodeAdmission
 from workflows.node_remediation import NodeRemediation
-from workflows.remediation_types import (
-    RemediationInput,
-    RemediationState,
-    Stage,
-)
 
 
 def controller_policy():

@@ -1,63 +1,93 @@
-"""FleetGuard's wire and state models, signal names and ids (kept out of the workflow module, as
-remediation_types.py is, so the sandbox passes them through)."""
+"""FleetGuard's wire: the lease and quarantine messages episodes and admissions send it, the
+activities it calls, and its input, state and status (workflows/fleet_guard.py)."""
 
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from pydantic import BaseModel, Field
 
+from api.names import DEFAULT_TASK_QUEUE
 from policies.model import GuardPolicy
-from workflows.lease import FaultNotice, LeaseRequest
 
-# workflow.patched id: canary trickle, quarantine admission, reconciliation, policy updates.
-PATCH_GUARD_NEVER_WEDGED = "guard-never-wedged"
-# workflow.patched id: an idle guard sleeps for idle_recheck, not holder_check_interval.
-PATCH_GUARD_IDLE_RECHECK = "guard-idle-recheck"
-# workflow.patched id: the holder check is one paged listing, run beside the loop (grants and
-# admissions go on meanwhile), heartbeating, with a bounded retry (issue 22: 10).
-PATCH_GUARD_PAGED_CHECK = "guard-paged-holder-check"
-# workflow.patched id: a re-grant held back while the guard learns its holders waits for the learning
-# to end instead of waking the loop at once (a loop that spun inside one workflow task: a wedge).
-PATCH_GUARD_REGRANT_WAITS = "guard-regrant-waits"
-# workflow.patched id: the re-check timer is left to fire, not cancelled and restarted on every
-# message (a message is a wake, not a new deadline). A refused CancelTimer for a timer that fired
-# during the task wedges the time-skipping test server (temporalio/sdk-java#3088), and two events
-# per message were spent on it.
-PATCH_GUARD_STEADY_RECHECK = "guard-steady-recheck"
-# workflow.patched id: a request whose id names a lease already given back is stale (a duplicate or
-# late delivery): ignored, so no lease is granted to an episode that neither holds nor wants one
-# (safety simulation, seed 385: a phantom holder kept the budget of one while its episode waited
-# for approval).
-PATCH_GUARD_STALE_REQUESTS = "guard-stale-requests"
-# workflow.patched id: quarantine room for a node the books list without its episode (a taint seen
-# at the last reconcile) counts the other nodes, instead of being given at once: a lifted node's
-# next fault went over max_unhealthy (safety soak, seed 791).
-PATCH_GUARD_ROOM_COUNTS_OTHERS = "guard-room-counts-others"
-# workflow.patched id: a fault notice older than the guard's latest news of its node is stale and
-# ignored, and a node whose holder is gone when the guard answers it stays counted (holder unknown)
-# until the reconcile sees its taint: a duplicate of an ended episode's admission request, answered,
-# dropped a node it had left quarantined from the count, and another was admitted over max_unhealthy
-# (safety soak, seed 1723).
-PATCH_GUARD_ORDERED_NEWS = "guard-stale-news"
-# workflow.patched id: no continue-as-new while the holder check runs beside the loop: its activity,
-# scheduled in the same task, was abandoned with its result (whatif at 10,000 nodes: the test
-# server's clock then stood still, the guard continuing as new every few hundred events).
-PATCH_GUARD_CHECK_BEFORE_NEW_RUN = "guard-check-before-new-run"
-# workflow.patched id: a guard run started before guard-never-wedged continues as new when the
-# controller asks (the `upgrade` update, sent at controller start), so it meets the new behaviour
-# (issue 22: 11).
-PATCH_GUARD_UPGRADE = "guard-upgrade"
-OLD_BEHAVIOUR = ("this guard run started before guard-never-wedged: it answers no quarantine requests (each "
-                 "cordon waits admission_timeout) until it continues as new; a controller's start asks it to")
-MAX_DEFERRED_KEPT = 1000
 MAX_RELEASED_KEPT = 1000
 MAX_NEWS_KEPT = 20000  # nodes whose latest news time is kept (a 10,000-node fleet twice over)
-# Outcomes an episode reports when it ends or gives its lease back: these prove a canary.
-CANARY_PROVEN = frozenset({"validated", "returned", "replaced"})
-CANARY_FAILED = frozenset({"quarantined", "failed", "awaiting_approval"})
-# Endings after which the node is not quarantined by gpuheal any more.
-LEFT_QUARANTINE = frozenset({"validated", "returned", "replaced", "healthy", "rejected", "dry_run"})
+
+
+class GuardSignalRequest(BaseModel):
+    """Signal-with-start to `fleet-guard/<cluster>`: the guard is started on first need."""
+
+    cluster: str
+    guard: GuardPolicy = Field(default_factory=GuardPolicy, description="The guard's limits, if it must be started.")
+    task_queue: str = DEFAULT_TASK_QUEUE
+    signal: str
+    payload: dict[str, Any]
+
+
+class LiveHoldersRequest(BaseModel):
+    holders: list[str]
+
+
+class LiveHoldersResult(BaseModel):
+    running: list[str]
+
+
+class RunningEpisodesRequest(BaseModel):
+    cluster: str
+
+
+class EpisodeSeen(BaseModel):
+    """What a running episode's status says of its place in the guard's books."""
+
+    holder: str
+    node: str
+    lease_held: bool = False
+    lease_requested: bool = False
+    quarantined: bool = False
+
+
+class RunningEpisodesResult(BaseModel):
+    known: bool = Field(description="False: this server cannot list workflows (no visibility): nothing learnt.")
+    episodes: list[EpisodeSeen] = Field(default_factory=list)
+
+
+class LeaseRequest(BaseModel):
+    cluster: str
+    holder: str = Field(description="Workflow id of the requester; the grant is signalled to it.")
+    node: str
+    request_id: str = Field(default="", description="Which of the holder's requests this is: its grant echoes it.")
+
+
+class LeaseGrant(BaseModel):
+    holder: str
+    granted_at: datetime
+    request_id: str = Field(default="", description="The request granted: a late grant of an earlier one is refused.")
+
+
+class LeaseRelease(BaseModel):
+    holder: str
+    node: str = ""
+    outcome: str | None = Field(default=None, description="How the episode ended, or 'validated' at return to service.")
+    sent_at: datetime | None = Field(default=None, description="The sender's workflow clock (see FaultNotice).")
+
+
+class FaultNotice(BaseModel):
+    """A node entered quarantine (counts toward the storm breaker and the unhealthy limit), or asks
+    to (`admission`): the guard answers on HOLDER_SIGNAL_QUARANTINE, at once or once there is room."""
+
+    node: str
+    holder: str
+    fault_class: str | None = None
+    healthy: bool = Field(default=False, description="True: the node left quarantine (returned or replaced).")
+    admission: bool = Field(default=False, description="Asks before cordoning: admitted, or deferred with a reason.")
+    sent_at: datetime | None = Field(default=None, description="The sender's workflow clock: a healthy notice older "
+                                     "than the guard's latest news of the node is stale (a duplicate, or late).")
+
+
+class QuarantineAnswer(BaseModel):
+    admitted: bool
+    reason: str = ""
 
 
 class Lease(BaseModel):
