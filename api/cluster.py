@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field
 
 from api.common import NodeRequest
 from api.names import QUARANTINE_TAINT
-from policies.model import Attribution
+from policies.terms import Attribution
 
 
 # --- kube ---------------------------------------------------------------------------------------

@@ -13,7 +13,8 @@ from temporalio.common import SearchAttributeKey
 from api.names import DEFAULT_TASK_QUEUE
 from policies.classify import Triage
 from policies.findings import HealthReport
-from policies.model import Generation, Policy, Rung
+from policies.model import Policy
+from policies.terms import Generation, Rung
 
 SA_NODE = SearchAttributeKey.for_keyword("GpuNode")
 SA_FAULT = SearchAttributeKey.for_keyword("FaultClass")

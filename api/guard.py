@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from api.names import DEFAULT_TASK_QUEUE
-from policies.model import GuardPolicy
+from policies.guard_policy import GuardPolicy
 
 MAX_RELEASED_KEPT = 1000
 MAX_NEWS_KEPT = 20000  # nodes whose latest news time is kept (a 10,000-node fleet twice over)

@@ -7,7 +7,7 @@ from datetime import datetime
 from pydantic import BaseModel, Field
 
 from policies.findings import Finding
-from policies.model import Attribution
+from policies.terms import Attribution
 
 
 # --- ledger -------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from policies.baseline import NicInventory, NodeBaseline
 from policies.findings import Finding, FindingKind
-from policies.model import NetworkProfile, NicKind
+from policies.profile_model import NetworkProfile, NicKind
 
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*Gb/sec")
 EFA_VENDOR = "0x1d0f"  # Amazon: EFA devices sit under /sys/class/infiniband too

@@ -15,7 +15,7 @@ from health.nics import SYSFS_INFINIBAND, check_nics
 from health.nvml import PcieExpectation, ProbeResult, probe_nvml
 from policies.baseline import NodeBaseline, NodeInventory
 from policies.findings import Finding, FindingKind, GpuIds
-from policies.model import NetworkProfile, NodeProfile, PcieProfile
+from policies.profile_model import NetworkProfile, NodeProfile, PcieProfile
 
 
 @dataclass

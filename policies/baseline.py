@@ -7,7 +7,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from policies.model import NicKind, NodeProfile
+from policies.profile_model import NicKind, NodeProfile
 
 # The node annotation the controller keeps a node's baseline in (`kubectl get node -o yaml` shows it).
 BASELINE_ANNOTATION = "gpuheal.io/baseline"

@@ -8,7 +8,8 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from policies.findings import Finding, FindingKind
-from policies.model import Attribution, Generation, Policy, Rung
+from policies.model import Policy
+from policies.terms import Attribution, Generation, Rung
 
 Severity = Literal["info", "warning", "fatal"]
 _SEVERITY_ORDER = {"info": 0, "warning": 1, "fatal": 2}

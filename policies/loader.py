@@ -9,7 +9,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from policies.model import NodeProfile, Policy, XidRule
+from policies.model import Policy, XidRule
+from policies.profile_model import NodeProfile
 from policies.profiles import merge_mappings, merge_profiles, shipped_profiles
 
 

@@ -3,70 +3,19 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from enum import StrEnum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, Field
 
 from policies.durations import Duration
 from policies.findings import FindingKind, RecoveryAction
-from policies.load import LoadTestPolicy, SkuFloors
+from policies.guard_policy import GuardPolicy
+from policies.load import LoadTestPolicy
+from policies.profile_model import NodeProfile
+from policies.terms import Attribution, Generation, Rung, Strict, XidAction
 
 
-class Rung(StrEnum):
-    """The remedies, mildest first. The ladder climbs in this order."""
-
-    KILL = "kill"
-    RESET = "reset"
-    REBOOT = "reboot"
-    REPLACE = "replace"
-
-    @property
-    def disruptive(self) -> bool:
-        """Disruptive rungs take the node's work away and need a lease from the fleet guard."""
-        return self is not Rung.KILL
-
-    @property
-    def rank(self) -> int:
-        """Place on the ladder, mildest 0: the one order every module compares rungs by."""
-        return list(Rung).index(self)
-
-    def above(self) -> Rung | None:
-        order = list(Rung)
-        return order[self.rank + 1] if self.rank + 1 < len(order) else None
-
-    @staticmethod
-    def cures(rung: str, lowest: str) -> bool:
-        """Whether `rung` is at or above `lowest`, the lowest rung that clears a fault ("none": no rung does)."""
-        return lowest != "none" and Rung(rung).rank >= Rung(lowest).rank
-
-
-class Generation(StrEnum):
-    AMPERE = "ampere"
-    HOPPER = "hopper"
-    BLACKWELL = "blackwell"
-
-
-class XidAction(StrEnum):
-    """NVIDIA's immediate-action words (gpu-faults.md section 1)."""
-
-    RESTART_APP = "RESTART_APP"
-    RESET_GPU = "RESET_GPU"
-    RESTART_BM = "RESTART_BM"
-    RESTART_VM = "RESTART_VM"
-    CHECK_MECHANICALS = "CHECK_MECHANICALS"
-    CONTACT_SUPPORT = "CONTACT_SUPPORT"
-    IGNORE = "IGNORE"
-
-
-Attribution = Literal["platform", "application"]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class XidRule(_Strict):
+class XidRule(Strict):
     name: str = Field(description="NVIDIA's short meaning of the code.")
     action: XidAction = Field(description="NVIDIA's immediate action.")
     cause: Attribution = Field(description="Who is likely at fault.")
@@ -75,7 +24,7 @@ class XidRule(_Strict):
     generations: list[Generation] = Field(description="Generations where NVIDIA lists the code.")
 
 
-class XidOverride(_Strict):
+class XidOverride(Strict):
     """Partial XidRule: only the fields given replace the catalog's."""
 
     name: str | None = None
@@ -85,7 +34,7 @@ class XidOverride(_Strict):
     fatal: bool | None = None
 
 
-class RungPolicy(_Strict):
+class RungPolicy(Strict):
     action_timeout: Duration = Field(description="Start-to-close timeout of the rung's action activity.")
     retries: int = Field(ge=1, le=20, description="Attempts of the action activity before the rung counts as failed.")
     return_timeout: Duration = Field(
@@ -98,7 +47,7 @@ class RungPolicy(_Strict):
     )
 
 
-class LadderPolicy(_Strict):
+class LadderPolicy(Strict):
     kill: RungPolicy = Field(
         default=RungPolicy(action_timeout=timedelta(minutes=2), retries=3, return_timeout=timedelta(seconds=30)),
         description="Kill the GPU processes of the job (application faults).",
@@ -120,7 +69,7 @@ class LadderPolicy(_Strict):
         return getattr(self, Rung(rung).value)
 
 
-class ValidationPolicy(_Strict):
+class ValidationPolicy(Strict):
     soak: Duration = Field(default=timedelta(minutes=10), description="Wait between the two validations that must both pass.")
     timeout: Duration = Field(default=timedelta(minutes=20), description="Start-to-close timeout of one validation run.")
     dcgm_level: int = Field(default=2, ge=1, le=4, description="`dcgmi diag -r` level when DCGM is installed.")
@@ -135,7 +84,7 @@ class ValidationPolicy(_Strict):
     )
 
 
-class DrainPolicy(_Strict):
+class DrainPolicy(Strict):
     checkpoint_grace: Duration = Field(
         default=timedelta(minutes=2),
         description="Notice given to pods (annotation + event) before evictions, so elastic jobs can checkpoint.",
@@ -152,60 +101,7 @@ class DrainPolicy(_Strict):
         description="A drain silent this long (its controller died) is started again on another controller.")
 
 
-class GuardPolicy(_Strict):
-    max_disruptive: int | str = Field(
-        default=2, description="Nodes in disruptive remediation at once: a count, or a percentage of the fleet like '10%'."
-    )
-    max_unhealthy: int | str = Field(
-        default="50%", description="Quarantined nodes beyond which new disruptive leases wait (count or percentage)."
-    )
-    storm_faults: int = Field(default=10, ge=1, description="More new faults than this within `storm_window` trips the breaker.")
-    storm_window: Duration = Field(default=timedelta(minutes=10), description="Window over which new faults are counted.")
-    storm_cooldown: Duration = Field(
-        default=timedelta(minutes=15), description="The breaker closes once the fault rate stays below threshold this long."
-    )
-    holder_check_interval: Duration = Field(
-        default=timedelta(minutes=5),
-        description="How often lease holders, waiters and quarantined nodes are reconciled with running episodes and the nodes' taints.",
-    )
-    idle_recheck: Duration = Field(
-        default=timedelta(hours=1),
-        description="How often an idle guard (no lease, waiter, unhealthy node, recent fault or open breaker) wakes to count the fleet; any message wakes it at once.",
-    )
-    canary: bool = Field(
-        default=True,
-        description="Past max_unhealthy or with the storm breaker open, leases trickle one at a time (canaries) instead of stopping; each canary validated back doubles the trickle up to max_disruptive, a failed one keeps it at one and raises the alarm.",
-    )
-    defer_quarantine: bool = Field(
-        default=True,
-        description="A new fault that would put more than max_unhealthy nodes in quarantine waits uncordoned, recorded with the reason, until there is room: a detector bug must not cordon the whole fleet.",
-    )
-    admission_timeout: Duration = Field(
-        default=timedelta(seconds=30),
-        description="How long an episode waits for the guard's answer before it cordons anyway (the guard cannot answer).",
-    )
-
-    @field_validator("max_disruptive", "max_unhealthy")
-    @classmethod
-    def _count_or_percent(cls, v: int | str) -> int | str:
-        if isinstance(v, int):
-            if v < 0:
-                raise ValueError("must not be negative")
-            return v
-        text = v.strip()
-        if text.endswith("%") and text[:-1].isdigit() and 0 <= int(text[:-1]) <= 100:
-            return text
-        raise ValueError("must be a count like 3 or a percentage like '10%'")
-
-
-def resolve_limit(limit: int | str, fleet_size: int) -> int:
-    """A count or percentage of the fleet as a count (at least 1, so remediation never deadlocks)."""
-    if isinstance(limit, int):
-        return max(1, limit)
-    return max(1, int(fleet_size * int(limit[:-1]) / 100))
-
-
-class RepeatOffenderPolicy(_Strict):
+class RepeatOffenderPolicy(Strict):
     threshold: int = Field(default=3, ge=1, description="Remediations per hardware id within `window` that mark it a repeat offender.")
     window: Duration = Field(default=timedelta(days=7), description="Look-back window for repeat offenders.")
 
@@ -254,7 +150,7 @@ def _default_recovery_rungs() -> dict[RecoveryAction, Rung | None]:
     }
 
 
-class TriagePolicy(_Strict):
+class TriagePolicy(Strict):
     action_rungs: dict[XidAction, Rung | None] = Field(
         default_factory=_default_action_rungs, description="Starting rung for each NVIDIA immediate action (null: no action)."
     )
@@ -269,7 +165,7 @@ class TriagePolicy(_Strict):
     )
 
 
-class Policy(_Strict):
+class Policy(Strict):
     """Everything a remediation needs to decide; workflows get it resolved, as input."""
 
     name: str = Field(default="default", description="Shown in status and history.")
@@ -351,85 +247,3 @@ def _scale(model: BaseModel, factor: float) -> BaseModel:
     return model.model_copy(update=update)
 
 
-# --- node profiles (policies/profiles.py selects them and applies their overrides) ----------------
-
-
-class NicKind(StrEnum):
-    INFINIBAND = "infiniband"
-    EFA = "efa"
-    ROCE = "roce"
-    NONE = "none"
-
-
-class NetworkProfile(_Strict):
-    kind: NicKind = Field(description="The RDMA adapters a healthy node has: infiniband, efa, roce, or none.")
-    ports: int = Field(default=0, ge=0, le=256, description="Ports of that kind that must be up (ACTIVE, LinkUp).")
-    rate_gbps: float = Field(default=0, ge=0, le=10000, description="Rate each counted port has at least (Gb/s, sysfs `rate`).")
-
-    @model_validator(mode="after")
-    def _consistent(self) -> NetworkProfile:
-        if self.kind is NicKind.NONE and self.ports:
-            raise ValueError("kind none expects no ports: set ports to 0 or name the adapters' kind")
-        if self.kind is not NicKind.NONE and (self.ports == 0 or self.rate_gbps <= 0):
-            raise ValueError(f"kind {self.kind.value} needs ports and rate_gbps above 0 (kind none: no adapters)")
-        return self
-
-
-class PcieProfile(_Strict):
-    generation: int | None = Field(default=None, ge=1, le=7, description="PCIe generation each GPU's link reaches.")
-    width: int | None = Field(default=None, description="PCIe lanes each GPU's link has (x16: 16).")
-
-    @field_validator("width")
-    @classmethod
-    def _lanes(cls, v: int | None) -> int | None:
-        if v is not None and v not in (1, 2, 4, 8, 16, 32):
-            raise ValueError("must be one of 1, 2, 4, 8, 16, 32")
-        return v
-
-
-class ProfileMatch(_Strict):
-    node_groups: list[str] = Field(default_factory=list, description="Values of a node-group label (`node_group_labels`).")
-    instance_types: list[str] = Field(default_factory=list, description="Values of `node.kubernetes.io/instance-type`.")
-    gpu_products: list[str] = Field(default_factory=list,
-                                    description="Values of `nvidia.com/gpu.product` (set by GPU feature discovery).")
-    labels: dict[str, str] = Field(default_factory=dict, description="Other labels that must all be equal, e.g. "
-                                                                       "`nvidia.com/gpu.count: \"1\"`.")
-
-
-class RungOverride(_Strict):
-    """Partial RungPolicy: only the fields given replace the policy's."""
-
-    action_timeout: Duration | None = None
-    retries: int | None = Field(default=None, ge=1, le=20)
-    return_timeout: Duration | None = None
-    requires_approval: bool | None = None
-    approval_timeout: Duration | None = None
-
-
-class LadderOverride(_Strict):
-    kill: RungOverride | None = None
-    reset: RungOverride | None = None
-    reboot: RungOverride | None = None
-    replace: RungOverride | None = None
-
-
-class NodeProfile(_Strict):
-    """What a healthy node of one kind has. Unset figures are not guessed: what the node had when
-    it was admitted (its learned baseline) is held against it instead."""
-
-    description: str = Field(default="", description="What kind of node this is.")
-    sources: list[str] = Field(default_factory=list, description="Where each figure comes from.")
-    match: ProfileMatch = Field(default_factory=ProfileMatch, description="Which nodes get it: a node group, instance "
-                                 "type or GPU product listed (the most specific wins), every `labels` entry holding.")
-    gpus: int | None = Field(default=None, ge=0, le=64, description="GPUs NVML must see; null: not declared.")
-    generation: Generation | None = Field(default=None, description="GPU generation (the Xid catalog's column).")
-    network: NetworkProfile | None = Field(default=None, description="RDMA adapters; null: not declared.")
-    pcie: PcieProfile | None = Field(default=None, description="Each GPU's PCIe link; null: not declared.")
-    ladder: LadderOverride = Field(default_factory=LadderOverride, description="Per-rung changes on these nodes.")
-    finding_rungs: dict[FindingKind, Rung] = Field(default_factory=dict,
-                                                   description="Starting rung per finding kind on these nodes.")
-    load_floors: dict[str, SkuFloors] = Field(
-        default_factory=dict, description="Load-test floors per GPU product on these nodes (over `validation.load.floors`), "
-                                          "judged in every validation tier.")
-    mode: Literal["act", "dry_run", "observe"] = Field(
-        default="act", description="act; dry_run: record what would be done; observe: detect and record only, never cordon.")

@@ -8,7 +8,8 @@ from datetime import timedelta
 from pydantic import BaseModel
 
 from policies.durations import format_duration
-from policies.model import NodeProfile, Policy
+from policies.model import Policy
+from policies.profile_model import NodeProfile
 
 START, END = "<!-- policy-reference:start -->", "<!-- policy-reference:end -->"
 _SKIP = {"xids", "xid_catalog_version", "xid_overrides", "generation_overrides", "triage", "profiles"}

@@ -34,7 +34,8 @@ from api.names import node_task_queue, remediation_workflow_id
 from health.nics import NicExpectation
 from health.runner import ProbeConfig
 from policies.findings import Finding
-from policies.model import Policy, Rung
+from policies.model import Policy
+from policies.terms import Rung
 from sim.events import apply_event
 from sim.fake_kube import FakeKubeServer
 from sim.load_device import sim_opener

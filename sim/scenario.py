@@ -11,7 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from policies.durations import Duration
 from policies.loader import PolicyError, describe_validation_error, load_policy
-from policies.model import Generation, Policy
+from policies.model import Policy
+from policies.terms import Generation
 
 FaultKind = Literal["xid", "ecc_dbe", "row_remap_failure", "gpu_lost", "pcie_degraded", "nvlink_down",
                     "nic_ports_down", "thermal", "nvml_missing",

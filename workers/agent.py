@@ -23,7 +23,8 @@ from health.runner import ProbeConfig, kmsg_findings, run_cycle
 from policies.baseline import NodeExpectations
 from policies.classify import judge
 from policies.findings import Finding, FindingKind, HealthReport
-from policies.model import Generation, Policy
+from policies.model import Policy
+from policies.terms import Generation
 from workers import telemetry
 from workers.reporting import episode_id, fit_to_bounds, send_report, start_admission
 

@@ -7,7 +7,7 @@ import argparse
 
 import api as c
 from activities.providers import PROVIDERS
-from policies.model import Generation, Rung
+from policies.terms import Generation, Rung
 from workers import cli_local, cli_operator, cli_profiles, cli_serve
 from workers.telemetry import METRICS_HELP, TRACING_HELP
 

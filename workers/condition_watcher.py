@@ -16,7 +16,7 @@ from temporalio.client import Client
 
 import api as c
 from policies.findings import Finding, FindingKind, HealthReport, condition_event_id
-from policies.model import Generation
+from policies.terms import Generation
 from workers.reporting import send_report
 
 log = logging.getLogger("gpuheal.watcher")

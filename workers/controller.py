@@ -27,8 +27,9 @@ from activities.providers import make_provider
 from activities.providers.aws import AWS_CLIENT_CONFIG
 from activities.providers.base import ProviderSettings
 from api.names import guard_workflow_id
+from policies.guard_policy import GuardPolicy
 from policies.loader import default_policy
-from policies.model import GuardPolicy, Policy
+from policies.model import Policy
 from workers.condition_watcher import ConditionRule, ConditionWatcher, WatcherConfig
 from workflows.fleet_guard import FleetGuard
 from workflows.node_admission import NodeAdmission

@@ -26,7 +26,7 @@ from api.names import (
 )
 from api.reports import MAX_REPORT_FINDINGS, report_bounds_problem
 from policies.findings import Finding, HealthReport
-from policies.model import Generation
+from policies.terms import Generation
 
 log = logging.getLogger(__name__)
 

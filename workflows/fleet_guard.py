@@ -37,7 +37,7 @@ with workflow.unsafe.imports_passed_through():
         GUARD_SIGNAL_REQUEST,
         HOLDER_SIGNAL_GRANTED,
     )
-    from policies.model import GuardPolicy
+    from policies.guard_policy import GuardPolicy
     from workflows.guard_books import GuardBooks
     from workflows.guard_constants import (
         CANARY_FAILED,

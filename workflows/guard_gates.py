@@ -11,7 +11,7 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     import api as c
     from api.guard import GuardInput, GuardState
-    from policies.model import GuardPolicy, resolve_limit
+    from policies.guard_policy import GuardPolicy, resolve_limit
     from workflows.calls import call_or_none
 
 

@@ -23,7 +23,7 @@ with workflow.unsafe.imports_passed_through():
     from api.guard import LeaseGrant, QuarantineAnswer
     from api.names import HOLDER_SIGNAL_GRANTED, HOLDER_SIGNAL_QUARANTINE
     from policies.classify import classify
-    from policies.model import Rung
+    from policies.terms import Rung
     from workflows.controller_policy import (
         controller_policy_applies,
         ignored_fields,

@@ -14,7 +14,7 @@ with workflow.unsafe.imports_passed_through():
     from api.episode import Outcome, Stage
     from policies.classify import Triage
     from policies.findings import HealthReport, condition_since
-    from policies.model import Rung
+    from policies.terms import Rung
     from workflows.calls import call_or_none
     from workflows.episode_constants import (
         HOLD_RECHECK_FIRST,

@@ -13,7 +13,8 @@ from api.episode import RejectedReport, RemediationState, Stage
 from api.reports import report_bounds_problem
 from policies.classify import classify
 from policies.findings import Finding, HealthReport
-from policies.model import Generation, Policy, Rung
+from policies.model import Policy
+from policies.terms import Generation, Rung
 from workflows.episode_constants import MAX_BOOTS_KEPT, MAX_REJECTED_KEPT, MAX_SEQ_SENDERS_KEPT
 
 MAX_EVENTS_KEPT = 256  # event ids an episode remembers (bounded: continue-as-new carries them)

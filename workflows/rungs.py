@@ -11,7 +11,8 @@ from temporalio.exceptions import ActivityError
 with workflow.unsafe.imports_passed_through():
     import api as c
     from api.episode import Outcome
-    from policies.model import Rung, RungPolicy
+    from policies.model import RungPolicy
+    from policies.terms import Rung
     from workflows.calls import agent_gone, call_or_none, cause
     from workflows.episode_constants import (
         PATCH_AGENT_BOOT,

@@ -6,7 +6,8 @@ from __future__ import annotations
 import api as c
 from policies.classify import classify
 from policies.findings import NODE_HARDWARE_KINDS, Finding
-from policies.model import Rung, resolve_limit
+from policies.guard_policy import resolve_limit
+from policies.terms import Rung
 from sim.safety.world import DESTRUCTIVE, SIDE_EFFECTS, Effect, SafetyWorld, SimNode
 
 Violation = tuple[str, str]

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from policies.durations import Duration
 from policies.findings import FindingKind
 from policies.loader import describe_validation_error
-from policies.model import Rung
+from policies.terms import Rung
 
 BUILTIN_MODELS = Path(__file__).resolve().parents[1] / "faultmodels"
 NODE_WIDE = {FindingKind.NIC_PORTS_DOWN}  # findings that name no GPU

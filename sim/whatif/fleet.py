@@ -25,7 +25,8 @@ import api as c
 from activities.guard import GuardActivities
 from activities.policy import PolicyActivities
 from policies.findings import Finding, GpuIds, HealthReport
-from policies.model import Generation, Policy, Rung
+from policies.model import Policy
+from policies.terms import Generation, Rung
 from sim.whatif.clock import DELIVER_ACTIVITY, ClockEvent, clock_workflow_id
 from sim.whatif.faultmodel import GRID_S, NODE_WIDE, FaultDraw, FaultModel
 from workers.reporting import send_report, start_admission

@@ -16,7 +16,7 @@ from datetime import datetime
 from pathlib import Path
 
 from policies.findings import Finding
-from policies.model import Rung
+from policies.terms import Rung
 from sim.whatif.faultmodel import NODE_WIDE, Durations, FaultClass, FaultDraw, FaultFinding, FaultModel
 
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 import api as c
 from policies.classify import classify
 from policies.findings import Finding
-from policies.model import Generation, Policy, Rung
+from policies.model import Policy
+from policies.terms import Generation, Rung
 from sim.whatif.faultmodel import NODE_WIDE, FaultDraw, FaultModel
 from sim.whatif.fleet import WhatIfFleet
 from sim.whatif.jobs import Outage

@@ -7,7 +7,7 @@ import pytest
 
 from health.nics import check_nics, probe_nics, read_ports
 from policies.baseline import NicInventory, NodeBaseline
-from policies.model import NetworkProfile
+from policies.profile_model import NetworkProfile
 from sim.sysfs import EFA_UP, PORT_DOWN, write_efa_ports
 from sim.sysfs import PORT_UP as UP
 from sim.sysfs import write_ib_ports as make_tree

@@ -24,7 +24,8 @@ from activities.guard import GuardActivities
 from activities.policy import PolicyActivities
 from api.names import guard_workflow_id, remediation_workflow_id
 from policies.findings import Finding, GpuIds, HealthReport
-from policies.model import Policy, Rung
+from policies.model import Policy
+from policies.terms import Rung
 from workers.reporting import send_report
 from workflows.fleet_guard import FleetGuard
 from workflows.node_admission import NodeAdmission

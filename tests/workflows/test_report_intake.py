@@ -9,7 +9,7 @@ import pytest
 from api.episode import RemediationState, Stage
 from api.reports import MAX_REPORT_FINDINGS
 from policies.loader import default_policy
-from policies.model import Generation
+from policies.terms import Generation
 from workflows.report_intake import record_rejection, take_report
 
 NOW = datetime(2026, 12, 3, tzinfo=UTC)

@@ -11,7 +11,7 @@ from kubernetes import client as k8s
 
 from api.names import remediation_workflow_id
 from policies.loader import default_policy
-from policies.model import Generation
+from policies.terms import Generation
 from tests.workflows.fakes import FakeNode
 from tests.workflows.test_node_remediation import make_fleet, wait_for
 from workers.condition_watcher import ConditionRule, ConditionWatcher, WatcherConfig
