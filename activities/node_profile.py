@@ -12,7 +12,7 @@ from temporalio import activity
 
 import api as c
 from activities.errors import NODE_GONE, fail
-from activities.kube import call_api
+from activities.kube_client import call_api
 from activities.policy import PolicyActivities, policy_hash
 from policies.baseline import BASELINE_ANNOTATION, NodeBaseline, NodeExpectations
 from policies.profiles import for_node, select_profile

@@ -9,7 +9,7 @@ from policies.loader import PolicyError, load_policy
 
 def cmd_profiles(args) -> int:
     """Which profile every GPU node gets and why, with its baseline: read through the kubernetes client."""
-    from activities.kube import load_core_api
+    from activities.kube_client import load_core_api
     from activities.node_profile import read_baseline
     from policies.profiles import select_profile
 

@@ -18,7 +18,8 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 import api as c
 from activities.cloud import CloudActivities
 from activities.guard import GuardActivities
-from activities.kube import CLUSTER_CALL_THREADS, KubeActivities, load_core_api
+from activities.kube import KubeActivities
+from activities.kube_client import CLUSTER_CALL_THREADS, load_core_api
 from activities.ledger import DynamoLedger, LedgerActivities, SqliteLedger
 from activities.load_ledger import LoadFigureActivities
 from activities.node_profile import NodeProfileActivities

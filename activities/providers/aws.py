@@ -21,7 +21,7 @@ from temporalio import activity
 
 import api as c
 from activities.errors import INVALID_REQUEST, NO_EFFECT, NODE_GONE, NOT_OWNED, PERMISSION_DENIED, fail
-from activities.kube import CLUSTER_CALL_THREADS, call_api
+from activities.kube_client import CLUSTER_CALL_THREADS, call_api
 from activities.providers.base import ProviderSettings, kubelet_boot_id, mark_replaced, read_node
 
 _PROVIDER_ID = re.compile(r"^aws:///(?P<zone>[^/]+)/(?P<id>i-[0-9a-f]+)$")

@@ -16,7 +16,7 @@ from temporalio.exceptions import ApplicationError
 
 import api as c
 from activities.errors import NO_EFFECT, NODE_GONE, fail
-from activities.kube import call_api
+from activities.kube_client import call_api
 
 
 @dataclass

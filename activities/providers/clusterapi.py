@@ -15,7 +15,7 @@ from temporalio.exceptions import ApplicationError
 
 import api as c
 from activities.errors import NO_EFFECT, NODE_GONE, NOT_OWNED, fail
-from activities.kube import call_api
+from activities.kube_client import call_api
 from activities.providers.base import ProviderSettings, mark_replaced, read_node
 
 GROUP, VERSION, PLURAL = "cluster.x-k8s.io", "v1beta1", "machines"
@@ -37,7 +37,7 @@ class ClusterApiProvider:
 
     @classmethod
     def from_settings(cls, core: client.CoreV1Api, settings: ProviderSettings) -> ClusterApiProvider:
-        from activities.kube import load_core_api
+        from activities.kube_client import load_core_api
 
         machines = load_core_api(settings.kubeconfig).api_client if settings.kubeconfig else None
         return cls(core, settings.cluster, machines)

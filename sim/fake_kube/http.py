@@ -230,7 +230,7 @@ current-context: c
     def configuration(self):
         from kubernetes import client
 
-        from activities.kube import CLUSTER_CALL_THREADS
+        from activities.kube_client import CLUSTER_CALL_THREADS
 
         cfg = client.Configuration()
         cfg.host = self.url

@@ -9,13 +9,9 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 import api as c
-from activities.kube import (
-    ATTRIBUTION_ANNOTATION,
-    CALL_TRIES,
-    DRAIN_DEADLINE_ANNOTATION,
-    DRAIN_EPISODE_ANNOTATION,
-    KubeActivities,
-)
+from activities.kube import KubeActivities
+from activities.kube_client import CALL_TRIES
+from activities.kube_pods import ATTRIBUTION_ANNOTATION, DRAIN_DEADLINE_ANNOTATION, DRAIN_EPISODE_ANNOTATION
 from sim.fake_kube import FakeKubeServer
 
 
@@ -242,7 +238,7 @@ async def test_fleet_size_counts_gpu_nodes(kube):
 
 
 def test_load_core_api_from_kubeconfig(tmp_path):
-    from activities.kube import load_core_api
+    from activities.kube_client import load_core_api
 
     server = FakeKubeServer().start()
     try:
