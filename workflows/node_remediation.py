@@ -5,7 +5,6 @@ from __future__ import annotations
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import RawValue
 
 with workflow.unsafe.imports_passed_through():
     import api as c
@@ -17,11 +16,8 @@ with workflow.unsafe.imports_passed_through():
         RemediationInput,
         RemediationResult,
         RemediationState,
-        RemediationStatus,
         Stage,
     )
-    from api.guard import LeaseGrant, QuarantineAnswer
-    from api.names import HOLDER_SIGNAL_GRANTED, HOLDER_SIGNAL_QUARANTINE
     from policies.classify import classify
     from policies.terms import Rung
     from workflows.controller_policy import (
@@ -32,7 +28,6 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.episode import node_of
     from workflows.episode_constants import (
-        PATCH_APPROVE_RUNG,
         PATCH_CLOSE_BARRIER,
         PATCH_FIRST_REPORT_DEADLINE,
         PATCH_KILL_IMPLICATED,
@@ -41,19 +36,21 @@ with workflow.unsafe.imports_passed_through():
         PATCH_REPEAT_PER_BOARD,
         PATCH_REPLACE_ON_AGENT_RECURRENCE,
     )
+    from workflows.episode_handlers import EpisodeHandlers
+    from workflows.episode_status import id_refused
     from workflows.outcome import PATCH_OUTCOME_LEDGER, outcome_fields
     from workflows.remediation_steps import RemediationSteps
-    from workflows.report_intake import describe, record_rejection, take_report
     from workflows.rungs import RungActions
     from workflows.suspect import PATCH_SUSPECT_LOAD_TEST, SuspectCheck
     from workflows.validation import PATCH_LOAD_VALIDATION
 
 
 @workflow.defn(name=c.EPISODE_WORKFLOW)
-class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
+class NodeRemediation(EpisodeHandlers, RungActions, RemediationSteps, SuspectCheck):
     """The runbook: triage, the ladder one rung at a time, return to service, probation. Its parts
-    are lease.py (the guard), remediation_steps.py (cordon, drain, approval), rungs.py (the
-    actions and validation), episode.py (state and records), report_intake.py (reports)."""
+    are episode_handlers.py (reports, the guard's answers, an operator's updates, `status`),
+    lease.py (the guard), remediation_steps.py (cordon, drain, approval), rungs.py (the actions and
+    validation), episode.py (state and records), report_intake.py (what a report does)."""
 
     @workflow.init
     def __init__(self, inp: RemediationInput) -> None:
@@ -68,162 +65,6 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
         self._profiles = False  # PATCH_NODE_PROFILES, decided with the other patches
         self._lease_backoff = False  # PATCH_LEASE_BACKOFF, likewise
         self._action_failed = ""  # why the rung just acted could not be done (rungs.py), read once
-
-    # --- handlers: agents signal, operators update, everyone queries --------------------------
-    @workflow.signal
-    def report(self, payload: RawValue) -> None:
-        """A health report. Anything wrong with it, an undecodable payload too, is recorded and
-        dropped: never a failed task (taken raw: the SDK would drop what it cannot decode with a log line)."""
-        try:
-            raw = workflow.payload_converter().from_payload(payload.payload)
-        except Exception as err:  # noqa: BLE001 - any bad payload is a rejection, not a task failure
-            if not self._trusted_intake():
-                workflow.logger.warning("dropped an undecodable report for %s: %s", self.node, err)
-                return
-            raw, why = payload.payload.data[:200], f"undecodable report: {type(err).__name__}: {str(err)[:200]}"
-        else:
-            why = take_report(self.s, raw, node=self.node, generation=self.inp.generation, policy=self.policy,
-                              bounded=self._bounded, no_harm=self._no_harm, trusted=self._trusted_intake,
-                              now_us=int(workflow.now().timestamp() * 10**6))
-        if self.s.held:
-            self._hold_news = True  # the held episode looks at the node again
-        if self.s.stage is Stage.DONE and self._late_reports():
-            # The episode has decided and is closing: this report is not acted on. Said where a person
-            # looks; the sender's next report (the agent re-sends while unhealthy) starts a new episode.
-            self.s.late_reports += 1
-            self._record("report", f"report for {self.node} after the episode ended ({self.s.outcome.value})", False,
-                         f"{describe(raw)}; not acted on ({why or 'accepted'}): the next report starts a new episode")
-        if why is not None:
-            record_rejection(self.s, why, raw, workflow.now())
-            workflow.logger.warning("rejected report for %s: %s", self.node, why)
-        elif self.s.latest is not None and self.s.latest.source == "agent":
-            self.s.agent_boot_id = self.s.latest.boot_id  # only the agent's own boot ends a reboot's wait
-
-    @workflow.signal(name=HOLDER_SIGNAL_GRANTED)
-    def lease_granted(self, grant: LeaseGrant) -> None:
-        self._take_grant(grant)
-
-    @workflow.signal(name=HOLDER_SIGNAL_QUARANTINE)
-    def quarantine_answer(self, answer: QuarantineAnswer) -> None:
-        if self.s.admission != "admitted":
-            self.s.admission = "admitted" if answer.admitted else "deferred"
-            self.s.admission_reason = answer.reason
-
-    # Updates take who asked as their last argument (the CLI sends its client identity): an update
-    # handler cannot see the caller, and the record in the history and in `status` names them.
-    @workflow.update
-    def pause(self, reason: str = "", by: str = "") -> RemediationStatus:
-        self.s.paused, self.s.pause_reason = True, reason or "paused by operator"
-        self._asked("pause", by, reason)
-        return self.status()
-
-    @pause.validator
-    def _validate_pause(self, reason: str = "", by: str = "") -> None:
-        self._require_active("pause")
-        if self.s.paused:
-            raise ValueError("already paused")
-
-    @workflow.update
-    def resume(self, by: str = "") -> RemediationStatus:
-        self.s.paused, self.s.pause_reason = False, ""
-        self._asked("resume", by)
-        return self.status()
-
-    @resume.validator
-    def _validate_resume(self, by: str = "") -> None:
-        if not self.s.paused:
-            raise ValueError("not paused")
-
-    @workflow.update
-    def approve(self, rung: str = "", by: str = "") -> RemediationStatus:
-        if not self._fixed(PATCH_APPROVE_RUNG):
-            by = by or rung  # callers before approve-names-rung sent only who asked
-        self.s.approved.append(self.s.awaiting_approval)
-        self._asked("approve", by, self.s.awaiting_approval.value)
-        return self.status()
-
-    @approve.validator
-    def _validate_approve(self, rung: str = "", by: str = "") -> None:
-        if self.s.awaiting_approval is None:
-            raise ValueError("nothing awaits approval")
-        waiting = self.s.awaiting_approval.value
-        if self._fixed(PATCH_APPROVE_RUNG) and rung != waiting:
-            # The operator approves what they saw: a rung the episode moved past or to since is not approved.
-            said = f"you approved {rung!r}" if rung else "no rung named"
-            raise ValueError(f"{said}, but {self.node} awaits approval to {waiting}: nothing approved "
-                             f"(gpuheal approve {self.node} {waiting})")
-
-    @workflow.update
-    def skip_to(self, rung: str, by: str = "") -> RemediationStatus:
-        self.s.skip_to = Rung(rung)
-        self._asked("skip_to", by, rung)
-        return self.status()
-
-    @skip_to.validator
-    def _validate_skip_to(self, rung: str, by: str = "") -> None:
-        self._require_active("skip")
-        if rung not in {r.value for r in Rung}:
-            raise ValueError(f"unknown rung {rung!r}: one of {', '.join(r.value for r in Rung)}")
-
-    @workflow.update
-    def cancel(self, reason: str = "", by: str = "") -> RemediationStatus:
-        self.s.cancel_reason = reason or "cancelled by operator"
-        self._asked("cancel", by, reason)
-        return self.status()
-
-    @cancel.validator
-    def _validate_cancel(self, reason: str = "", by: str = "") -> None:
-        self._require_active("cancel")
-
-    @workflow.update
-    def lift(self, reason: str = "", by: str = "") -> RemediationStatus:
-        """An operator lifts the hold on a node an earlier episode left quarantined: it is uncordoned."""
-        self.s.lifted_by, self.s.lift_reason = by[:200], reason[:300]
-        self._asked("lift", by, reason)
-        return self.status()
-
-    @lift.validator
-    def _validate_lift(self, reason: str = "", by: str = "") -> None:
-        if not self.s.held or self.s.stage is Stage.DONE:
-            raise ValueError("not held: nothing to lift")
-        if not by:
-            raise ValueError("say who lifts the hold")
-
-    @workflow.query
-    def status(self) -> RemediationStatus:
-        s = self.s
-        return RemediationStatus(
-            node=self.node, stage=s.stage, outcome=s.outcome, outcome_reason=s.outcome_reason, triage=s.triage,
-            next_rung=s.next_rung, fixed_by=s.fixed_by, rungs_tried=s.rungs_tried, attempts=s.attempts,
-            actions=s.actions, lease_held=s.lease_held, quarantined=s.quarantined, paused=s.paused,
-            pause_reason=s.pause_reason, awaiting_approval=s.awaiting_approval, cancel_reason=s.cancel_reason,
-            rejected=s.rejected, rejected_total=s.rejected_total, duplicates=s.duplicates,
-            validations=s.validations, boot_id=s.boot_id, run_ids=s.run_ids, agent_missing=s.agent_missing,
-            implicated=s.implicated, policy_name=s.policy_name, policy_sha256=s.policy_sha256,
-            cluster=self.inp.cluster, lease_requested=s.lease_requested, admission=s.admission,
-            waiting=self._waiting_for(), held=s.held,
-        )
-
-    def _waiting_for(self) -> str:
-        """What the episode waits on now, in words (`gpuheal status NODE`)."""
-        s = self.s
-        if s.stage is Stage.DONE:
-            return ""
-        if s.held:
-            return f"a person: {s.held}" + ("" if "gpuheal lift" in s.held else f" (gpuheal lift {self.node})")
-        if s.paused:
-            return f"resume: paused ({s.pause_reason})"
-        if s.admission == "deferred":
-            return f"room to quarantine: {s.admission_reason}"
-        if s.awaiting_approval is not None:
-            return f"approval to {s.awaiting_approval.value} (gpuheal approve {self.node} {s.awaiting_approval.value})"
-        if s.lease_requested and not s.lease_held:
-            return "a disruption lease from the fleet guard"
-        if s.latest is None and s.stage is Stage.TRIAGE:
-            return f"a valid report from {self.node} ({s.rejected_total} rejected so far)"
-        if s.stage is Stage.PROBATION:
-            return f"the end of probation ({self.policy.probation if self.policy else ''})"
-        return ""
 
     # --- the runbook ---------------------------------------------------------------------------
     @workflow.run
@@ -250,37 +91,6 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
             await steps[self.s.stage]()
         await self._close_episode()
         return self._result()
-
-    async def _first_valid_report(self) -> None:
-        """A start whose report was rejected (malformed, spoofed, stale) waits for a valid one as long
-        as an agent is given to answer, then ends `rejected` with why: it never waits unseen."""
-        if self.s.latest is not None:
-            return
-        timeout = self.policy.validation.agent_timeout if self.policy else timedelta(minutes=2)
-        try:
-            await workflow.wait_condition(lambda: self.s.latest is not None or self.s.cancel_reason is not None,
-                                          timeout=timeout, timeout_summary=f"wait for a valid report from {self.node}")
-        except TimeoutError:
-            last = f"; the latest: {self.s.rejected[-1].reason}" if self.s.rejected else ""
-            self._finish(Outcome.REJECTED, f"rejected: no valid report for {self.node} within {timeout} of the "
-                                           f"start ({self.s.rejected_total} rejected{last}); nothing done")
-
-    def _id_refused(self) -> str | None:
-        """Why the id is no episode of this controller's (None: it is). `remediate/<cluster>/<node>`
-        must name the controller's cluster: a sender naming another would start a second episode for
-        the node beside its real one. An id from before ids carried the cluster names none, so no
-        recorded history reaches the refusal (no patch needed); nor does an id of another shape
-        (every recorded id is `remediate/<node>`), which is refused."""
-        wid = workflow.info().workflow_id
-        if not self._identity():
-            return None
-        if c.node_in_workflow_id(wid, "remediate") is None:
-            return f"the episode id {wid[:200]!r} is not remediate/<cluster>/<node>"
-        named = c.cluster_in_workflow_id(wid, "remediate")
-        if named is None or named == self.inp.cluster:
-            return None
-        return (f"the episode id names cluster {named}, the controller serves {self.inp.cluster}: a report "
-                f"for {self.node} goes to remediate/{self.inp.cluster}/{self.node}")
 
     async def _take_controller_policy(self) -> None:
         """The controller's policy, once per episode (a continued run carries it): the sender's
@@ -312,7 +122,7 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
 
     async def _triage(self) -> None:
         report = self.s.latest
-        if (why := self._id_refused()) is not None:
+        if self._identity() and (why := id_refused(workflow.info().workflow_id, self.inp.cluster, self.node)):
             return self._finish(Outcome.REJECTED, f"rejected: {why}")
         if self._no_harm() and not await self._node_is_ours():
             return
@@ -477,11 +287,3 @@ class NodeRemediation(RungActions, RemediationSteps, SuspectCheck):
             await self._commit_side_effects()
             await workflow.wait_condition(workflow.all_handlers_finished)
             workflow.continue_as_new(self.inp.model_copy(update={"state": self.s, "policy": self.policy}))
-
-    def _asked(self, update: str, by: str, detail: str = "") -> None:
-        if by:  # older callers (and histories) send no identity: nothing is recorded for them
-            self._record("operator", f"{update} by {by[:200]}", True, detail)
-
-    def _require_active(self, what: str) -> None:
-        if self.s.stage is Stage.DONE:
-            raise ValueError(f"cannot {what}: the episode has ended ({self.s.outcome})")
