@@ -17,8 +17,10 @@ import api as c
 from activities.errors import DEPENDENCY_MISSING, MIG_ACTIVE, NO_EFFECT, PROCESSES_REMAIN, fail
 from health.load.battery import Opener, run_battery
 from health.load.cupy_device import cupy_opener
-from health.nvml import mig_id, nvml_session, probe_nvml
+from health.nvml import probe_nvml
+from health.nvml_session import nvml_session
 from health.runner import ProbeConfig, run_cycle
+from health.xid_watch import mig_id
 from policies.findings import Finding
 from policies.load import LoadReport, LoadTestPolicy
 

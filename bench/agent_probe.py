@@ -60,7 +60,7 @@ def main() -> None:
                     help="then run the real agent (probe loop + node worker) this long against a dev server; 0: skip")
     args = ap.parse_args()
 
-    from health.nvml import nvml_session
+    from health.nvml_session import nvml_session
     from health.runner import ProbeConfig, run_cycle
     from policies.loader import default_policy
     from sim.nvml import SimulatedNvml

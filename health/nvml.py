@@ -1,23 +1,16 @@
-"""NVML probes through the `pynvml` API (the real module or sim/nvml.py's stand-in), failing closed."""
+"""NVML probes through the `pynvml` API (the real module or sim/nvml.py's stand-in), failing closed.
+The session is health/nvml_session.py; the Xid event thread health/xid_watch.py."""
 
 from __future__ import annotations
 
-import queue
-import threading
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import pynvml
 
+from health.nvml_session import GPU_LOST_ERRORS, NvmlSession, nvml_session, text
 from policies.findings import RECOVERY_ACTION_BY_CODE, Finding, FindingKind, GpuIds
 
-# Errors that mean the GPU itself is gone or wedged, not that our check failed.
-GPU_LOST_ERRORS = (pynvml.NVMLError_GpuIsLost, pynvml.NVMLError_ResetRequired)
-# Errors after which NVML is initialised again: it was never (or no longer) initialised, the driver
-# was reloaded under us, or a GPU was lost (its enumeration is stale until NVML is initialised again).
-REINIT_ERRORS = (pynvml.NVMLError_Uninitialized, pynvml.NVMLError_DriverNotLoaded, pynvml.NVMLError_Unknown,
-                 *GPU_LOST_ERRORS)
 # Clock-event reasons that mean the GPU is throttled by hardware or heat (gpu-faults.md section 3,
 # gpu-load.md: SwPowerCap under full load is normal and is not among them).
 THROTTLE_REASONS = {
@@ -29,68 +22,6 @@ THROTTLE_REASONS = {
 HW_SLOWDOWN_MASK = sum(THROTTLE_REASONS)
 
 
-class NvmlSession:
-    """nvmlInit once per process, never per probe cycle (it costs ~10 ms of CPU on a real node), and
-    again after an error that says the library's state is stale. Thread-safe: probes, the Xid
-    watcher and node activities share one."""
-
-    def __init__(self, nv=pynvml):
-        self.nv = nv
-        self.inits = 0  # how often nvmlInit ran (the bench prints it)
-        # Facts that hold until NVML is initialised again: each GPU's ids, the NVLink links it has.
-        self.ids: dict[int, GpuIds] = {}
-        self.links: dict[int, list[int]] = {}
-        self._ready = False
-        self._lock = threading.Lock()
-
-    def ensure(self):
-        """The module, initialised. Raises what nvmlInit raises (NVML missing: the caller fails closed)."""
-        with self._lock:
-            if not self._ready:
-                if self.inits:
-                    try:
-                        self.nv.nvmlShutdown()  # nvmlInit counts references: drop the stale one
-                    except pynvml.NVMLError:
-                        pass
-                self.ids, self.links = {}, {}
-                self.nv.nvmlInit()
-                self.inits += 1
-                self._ready = True
-        return self.nv
-
-    def failed(self, err: BaseException) -> None:
-        """Note an NVML error: one of REINIT_ERRORS makes the next ensure() initialise again."""
-        if isinstance(err, REINIT_ERRORS):
-            self.stale()
-
-    def stale(self) -> None:
-        """The next ensure() initialises again (GPUs are enumerated at init: a missing one may be back)."""
-        with self._lock:
-            self._ready = False
-
-    @contextmanager
-    def use(self):
-        nv = self.ensure()
-        try:
-            yield nv
-        except pynvml.NVMLError as err:
-            self.failed(err)
-            raise
-
-
-_sessions: dict[int, NvmlSession] = {}
-_sessions_lock = threading.Lock()
-
-
-def nvml_session(nv=pynvml) -> NvmlSession:
-    """The process's one session for this NVML module (the real one, or a simulated one per host)."""
-    with _sessions_lock:
-        session = _sessions.get(id(nv))
-        if session is None or session.nv is not nv:
-            session = _sessions[id(nv)] = NvmlSession(nv)
-        return session
-
-
 @dataclass
 class PcieExpectation:
     """What each GPU's link must reach, and who said so (a profile, a baseline); None: not declared."""
@@ -100,8 +31,6 @@ class PcieExpectation:
     why: str = ""
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 @dataclass
@@ -145,8 +74,8 @@ class _GpuChecks:
             known = self.session.ids.get(self.index) if self.session else None
             if known is None:
                 serial = self.call(nv.nvmlDeviceGetSerial, h)
-                known = GpuIds(index=self.index, uuid=_text(nv.nvmlDeviceGetUUID(h)),
-                               serial=_text(serial) if serial else None, pci=_text(nv.nvmlDeviceGetPciInfo(h).busId))
+                known = GpuIds(index=self.index, uuid=text(nv.nvmlDeviceGetUUID(h)),
+                               serial=text(serial) if serial else None, pci=text(nv.nvmlDeviceGetPciInfo(h).busId))
             self.ids = known
             self.result.gpus.append(self.ids)
             for check in (self.ecc, self.memory_remap, self.recovery_action, self.pcie, self.nvlink, self.thermal,
@@ -277,68 +206,3 @@ def probe_nvml(nv=pynvml, expected_gpus: int | None = None, *, min_gpus: int | N
         session.failed(err)
         result.findings.append(Finding(kind=FindingKind.PROBE_BROKEN, message=f"NVML failed: {err}"))
     return result
-
-
-NVML_NO_INSTANCE = 0xFFFFFFFF  # nvmlEventData_t / nvmlProcessInfo_t: no MIG instance (MIG off, or not attributable)
-
-
-def mig_id(value: int | None) -> int | None:
-    """A MIG instance id as NVML gives it, or None where it names none."""
-    return None if value is None or value == NVML_NO_INSTANCE else int(value)
-
-
-class XidWatcher:
-    """Xid and double-bit ECC events from an NVML event set, on a thread; idle timeouts are normal."""
-
-    def __init__(self, nv=pynvml, wait_ms: int = 1000):
-        self.nv, self.wait_ms = nv, wait_ms
-        self.session = nvml_session(nv)
-        self.events: queue.Queue[Finding] = queue.Queue()
-        self.error: str | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> XidWatcher:
-        self._thread = threading.Thread(target=self._run, name="nvml-xid-events", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    def drain(self) -> list[Finding]:
-        out = []
-        while not self.events.empty():
-            out.append(self.events.get_nowait())
-        return out
-
-    def _run(self) -> None:
-        nv = self.nv
-        try:
-            self.session.ensure()
-            es = nv.nvmlEventSetCreate()
-            uuids = {}
-            for i in range(nv.nvmlDeviceGetCount()):
-                h = nv.nvmlDeviceGetHandleByIndex(i)
-                uuids[i] = _text(nv.nvmlDeviceGetUUID(h))
-                nv.nvmlDeviceRegisterEvents(h, pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeDoubleBitEccError, es)
-            while not self._stop.is_set():
-                try:
-                    data = nv.nvmlEventSetWait_v2(es, self.wait_ms)
-                except pynvml.NVMLError_Timeout:
-                    continue
-                index = nv.nvmlDeviceGetIndex(data.device)
-                if data.eventType & pynvml.nvmlEventTypeDoubleBitEccError:
-                    self.events.put(Finding(kind=FindingKind.ECC_DBE, gpu_index=index, uuid=uuids.get(index),
-                                            message="NVML double-bit ECC event"))
-                else:
-                    self.events.put(Finding(kind=FindingKind.XID, xid=int(data.eventData), gpu_index=index,
-                                            uuid=uuids.get(index), message=f"NVML Xid event {data.eventData}",
-                                            gpu_instance_id=mig_id(getattr(data, "gpuInstanceId", None)),
-                                            compute_instance_id=mig_id(getattr(data, "computeInstanceId", None))))
-        except pynvml.NVMLError as err:
-            self.session.failed(err)
-            # The caller reports this as probe_broken: no events must never read as "no faults".
-            self.error = f"NVML event watch failed: {err}"

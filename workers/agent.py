@@ -18,8 +18,8 @@ from temporalio.worker import Worker
 import api as c
 from activities.node import NodeActivities
 from health.kmsg import KmsgFollower
-from health.nvml import XidWatcher
 from health.runner import ProbeConfig, kmsg_findings, run_cycle
+from health.xid_watch import XidWatcher
 from policies.baseline import NodeExpectations
 from policies.classify import judge
 from policies.findings import Finding, FindingKind, HealthReport

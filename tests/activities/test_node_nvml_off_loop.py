@@ -7,8 +7,9 @@ from temporalio.testing import ActivityEnvironment
 
 import api as c
 from activities.node import NodeActivities
-from health.nvml import XidWatcher, nvml_session
+from health.nvml_session import nvml_session
 from health.runner import ProbeConfig
+from health.xid_watch import XidWatcher
 from sim.nvml import SimulatedNvml
 
 

@@ -3,7 +3,8 @@ import time
 import pynvml
 import pytest
 
-from health.nvml import XidWatcher, probe_nvml
+from health.nvml import probe_nvml
+from health.xid_watch import XidWatcher
 from sim.nvml import SimulatedNvml
 
 

@@ -5,7 +5,8 @@ from datetime import UTC, datetime
 
 import pynvml
 
-from health.nvml import nvml_session, probe_nvml
+from health.nvml import probe_nvml
+from health.nvml_session import nvml_session
 from health.runner import ProbeConfig, run_cycle
 from policies.baseline import NodeBaseline
 from policies.loader import default_policy
