@@ -31,12 +31,6 @@ with workflow.unsafe.imports_passed_through():
         QuarantineAnswer,
         Waiting,
     )
-    from api.names import (
-        GUARD_SIGNAL_FAULT,
-        GUARD_SIGNAL_RELEASE,
-        GUARD_SIGNAL_REQUEST,
-        HOLDER_SIGNAL_GRANTED,
-    )
     from policies.guard_policy import GuardPolicy
     from workflows.guard_books import GuardBooks
     from workflows.guard_constants import (
@@ -84,7 +78,7 @@ class FleetGuard(GuardBooks):
         self._upgrade = False
 
     # --- handlers ------------------------------------------------------------------------------
-    @workflow.signal(name=GUARD_SIGNAL_REQUEST)
+    @workflow.signal(name=c.GUARD_SIGNAL_REQUEST)
     def request(self, req: LeaseRequest) -> None:
         if self._stale(req):
             workflow.logger.warning("guard %s: stale lease request %s from %s ignored: that lease was given back",
@@ -103,7 +97,7 @@ class FleetGuard(GuardBooks):
                 self.s.waiting_since[req.holder] = workflow.now()
         self._wake = True
 
-    @workflow.signal(name=GUARD_SIGNAL_RELEASE)
+    @workflow.signal(name=c.GUARD_SIGNAL_RELEASE)
     def release(self, rel: LeaseRelease) -> None:
         self._news(rel.node, rel.holder, rel.sent_at)
         canary = any(h.holder == rel.holder and h.canary for h in self.s.holders)
@@ -127,7 +121,7 @@ class FleetGuard(GuardBooks):
         if rel.outcome in LEFT_QUARANTINE and self.s.unhealthy.get(rel.node) in (rel.holder, ""):
             self.s.unhealthy.pop(rel.node, None)
 
-    @workflow.signal(name=GUARD_SIGNAL_FAULT)
+    @workflow.signal(name=c.GUARD_SIGNAL_FAULT)
     def fault(self, notice: FaultNotice) -> None:
         if not self._news(notice.node, notice.holder, notice.sent_at):
             workflow.logger.warning("guard %s: stale fault notice for %s from %s ignored: newer news from that sender came first",
@@ -281,7 +275,7 @@ class FleetGuard(GuardBooks):
     async def _signal_grant(self, holder: str, request_id: str = "") -> None:
         try:
             await workflow.get_external_workflow_handle(holder).signal(
-                HOLDER_SIGNAL_GRANTED, LeaseGrant(holder=holder, granted_at=workflow.now(), request_id=request_id)
+                c.HOLDER_SIGNAL_GRANTED, LeaseGrant(holder=holder, granted_at=workflow.now(), request_id=request_id)
             )
         except FailureError:
             # The holder is gone (completed or terminated): its slot goes back to the budget.
