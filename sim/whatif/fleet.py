@@ -1,5 +1,6 @@
 """The what-if fleet: stand-in activities, with the real names, that act on modelled nodes, and the
-bookkeeping of each node slot's time out of service.
+bookkeeping of each node slot's time out of service. The cluster and cloud stand-ins are here; the
+node-local ones in node_standin.py, the ledger's in ledger_standin.py; nodes and slots in slots.py.
 
 A slot is one place in the fleet; it holds one node at a time (a replacement brings a new node,
 with a new name and new hardware). A slot is out of service while its node is faulty, cordoned,
@@ -24,65 +25,21 @@ from temporalio.worker import Worker
 import api as c
 from activities.guard import GuardActivities
 from activities.policy import PolicyActivities
-from policies.findings import Finding, GpuIds, HealthReport
+from policies.findings import Finding, HealthReport
 from policies.model import Policy
 from policies.terms import Generation, Rung
 from sim.whatif.clock import DELIVER_ACTIVITY, ClockEvent, clock_workflow_id
 from sim.whatif.faultmodel import GRID_S, NODE_WIDE, FaultDraw, FaultModel
+from sim.whatif.ledger_standin import LedgerStandIns
+from sim.whatif.node_standin import NodeStandIns
+from sim.whatif.slots import Node, Slot
 from workers.reporting import send_report, start_admission
 
-GPUS = 8
 WHATIF_CLUSTER = "whatif"  # the stand-in fleet's cluster: its guard and its episodes' ids
 
 
 @dataclass
-class Node:
-    name: str
-    slot: int
-    exists: bool = True
-    admitted: bool = True
-    cordoned: bool = False
-    rebooting: bool = False
-    drained: bool = False
-    boot: int = 0
-    seq: int = 0
-    active: dict[int, FaultDraw] = field(default_factory=dict)  # fault id -> the fault, while uncured
-
-    def ids(self) -> list[GpuIds]:
-        return [GpuIds(index=i, uuid=f"GPU-{self.name}-{i}", serial=f"SN-{self.name}-{i}") for i in range(GPUS)]
-
-    def down(self) -> bool:
-        return not self.exists or not self.admitted or self.cordoned or self.rebooting or bool(self.active)
-
-
-@dataclass
-class Slot:
-    index: int
-    node: Node
-    has_job: bool
-    replacements: int = 0
-    down_since: float | None = None
-    cause: str = ""
-    debt: float = 0.0  # activity time (kill, reset, validation) the test server's clock did not run
-    intervals: list[tuple[float, float, str]] = field(default_factory=list)
-
-    def update(self, now: float, since: float | None = None) -> None:
-        if self.node.down():
-            if self.down_since is None:
-                if self.intervals and self.intervals[-1][1] > now:  # still paying the last one's debt
-                    start, _, self.cause = self.intervals.pop()
-                    self.down_since = start
-                else:
-                    self.down_since, self.debt = (now if since is None else since), 0.0
-                    first = min(self.node.active.values(), key=lambda f: f.id, default=None)
-                    self.cause = first.fault_class if first else "remediation"
-        elif self.down_since is not None:
-            self.intervals.append((self.down_since, now + self.debt, self.cause))
-            self.down_since, self.debt = None, 0.0
-
-
-@dataclass
-class WhatIfFleet:
+class WhatIfFleet(NodeStandIns, LedgerStandIns):
     client: Client
     task_queue: str
     policy: Policy
@@ -286,108 +243,6 @@ class WhatIfFleet:
             await self._schedule(ClockEvent(at_s=now + self.model.durations.replacement.total_seconds(), kind="ready",
                                             slot=n.slot, node=f"n{n.slot:04d}-r{slot.replacements}"))
         return c.ReplaceResult(instance_id=f"i-{n.name}", action="ec2")
-
-    # --- node-local (served on node/<cluster>/<node>, as each node's agent would) --------------------------
-    @activity.defn(name=c.NODE_KILL)
-    async def kill(self, req: c.KillRequest) -> c.KillResult:
-        n, now = self._node(req), await self.now()
-        if self._slot(n).has_job and not n.drained:
-            self.jobs_interrupted += 1
-        self._debt(n, self.model.durations.kill.total_seconds())
-        cured = self._cure(n, Rung.KILL)
-        await self._changed(n)
-        await self._recur_later(n, cured, now)
-        return c.KillResult()
-
-    @activity.defn(name=c.NODE_RESET)
-    async def reset(self, req: c.ResetRequest) -> c.ResetResult:
-        n, now = self._node(req), await self.now()
-        self._debt(n, self.model.durations.reset.total_seconds())
-        cured = self._cure(n, Rung.RESET)
-        await self._changed(n)
-        await self._recur_later(n, cured, now)
-        return c.ResetResult(reset=req.gpus)
-
-    @activity.defn(name=c.NODE_GPU_PODS)
-    async def gpu_pods(self, req: c.GpuPodsRequest) -> c.GpuPodsResult:
-        return c.GpuPodsResult(pod_gpus={})
-
-    @activity.defn(name=c.NODE_INVENTORY)
-    async def inventory(self, req: c.InventoryRequest) -> c.InventoryResult:
-        """The what-if models no hardware inventory: admission records no baseline (it says so)."""
-        return c.InventoryResult(inventory=None)
-
-    @activity.defn(name=c.NODE_HARDWARE_IDS)
-    async def hardware_ids(self, req: c.HardwareIdsRequest) -> c.HardwareIdsResult:
-        """What the node's own NVML says: admission checks these, never a sender's claim."""
-        gpus = self._node(req).ids()
-        return c.HardwareIdsResult(hardware_ids=sorted({g.uuid for g in gpus} | {g.serial for g in gpus if g.serial}),
-                                   gpus=len(gpus))
-
-    @activity.defn(name=c.NODE_VALIDATE)
-    async def validate(self, req: c.ValidateRequest) -> c.ValidationResult:
-        n = self._node(req)
-        self._debt(n, self.model.durations.validation.total_seconds())
-        faulty = [Finding(kind=f.finding.kind, xid=f.finding.xid)
-                  for d in n.active.values() for f in [self.model.classes[d.fault_class]]]
-        return c.ValidationResult(passed=not n.active, findings=faulty, checks=["whatif"])
-
-    # --- ledger -----------------------------------------------------------------------------------
-    @activity.defn(name=c.LEDGER_RECORD)
-    async def record(self, rec: c.RemediationRecord) -> None:
-        if all(r.episode != rec.episode for r in self.records):
-            self.records.append(rec)
-            self.open_episodes.discard(rec.node)
-            # The episode's last step: its node's agent is not needed until the node's next report,
-            # and a thousand idle pollers slowed every virtual day (10,000 nodes: 7 s a day at first,
-            # 35 s by day 29).
-            self._retire_worker(rec.node)
-
-    @activity.defn(name=c.LEDGER_COUNT_RECENT)
-    async def count_recent(self, req: c.CountRecentRequest) -> int:
-        ids, since = set(req.hardware_ids), self.at(await self.now()) - timedelta(seconds=req.window_s)
-        return sum(1 for r in self.records
-                   if ids & set(r.boards if req.by_board else r.hardware_ids) and r.episode != req.exclude_episode
-                   and r.ended_at >= since)
-
-    @activity.defn(name=c.LEDGER_CHECK_DENIED)
-    async def check_denied(self, req: c.CheckDeniedRequest) -> c.CheckDeniedResult:
-        return c.CheckDeniedResult(denied={i: self.denylist[i] for i in req.hardware_ids if i in self.denylist})
-
-    @activity.defn(name=c.LEDGER_ADMIT)
-    async def admit(self, req: c.AdmitRequest) -> None:
-        self.admitted_hw.setdefault(req.node, set()).update(req.hardware_ids)
-
-    @activity.defn(name=c.LEDGER_ADMITTED)
-    async def admitted(self, req: c.AdmittedRequest) -> c.AdmittedResult:
-        return c.AdmittedResult(hardware_ids=sorted(self.admitted_hw.get(req.node, set())))
-
-    @activity.defn(name=c.LEDGER_LAST_STARTED)
-    async def last_started(self, req: c.LastStartedRequest) -> c.LastStartedResult:
-        starts = [r.started_at for r in self.records if r.node == req.node and r.episode != req.exclude_episode]
-        return c.LastStartedResult(started_at=max(starts, default=None))
-
-    @activity.defn(name=c.LEDGER_LOAD_FIGURES)
-    async def load_figures(self, rec: c.LoadFiguresRecord) -> None:
-        """The what-if models no load figures (its validation returns none): nothing to keep."""
-
-    @activity.defn(name=c.GUARD_RUNNING_HOLDERS)
-    async def running_holders(self, req: c.LiveHoldersRequest) -> c.LiveHoldersResult:
-        """The holders that run, by a describe each (the time-skipping server has no visibility)."""
-        return await GuardActivities(self.client).live_holders(req)
-
-    @activity.defn(name=c.LEDGER_BASELINE)
-    async def sku_baseline(self, req: c.BaselineRequest) -> c.BaselineResult:
-        """No load figures in the what-if: a load test is judged against the shipped floors."""
-        return c.BaselineResult()
-
-    @activity.defn(name=c.LEDGER_DENYLIST)
-    async def denylist_add(self, req: c.DenylistRequest) -> c.DenylistResult:
-        added = [i for i in req.hardware_ids if i not in self.denylist]
-        self.denylist.update({i: req.reason for i in added})
-        if added:
-            self.denylisted_nodes.add(req.node)
-        return c.DenylistResult(added=added)
 
     # --- workers ----------------------------------------------------------------------------------
     def controller_activities(self) -> list:
