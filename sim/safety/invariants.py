@@ -8,7 +8,9 @@ from policies.classify import classify
 from policies.findings import NODE_HARDWARE_KINDS, Finding
 from policies.guard_policy import resolve_limit
 from policies.terms import Rung
-from sim.safety.world import DESTRUCTIVE, SIDE_EFFECTS, Effect, SafetyWorld, SimNode
+from sim.safety.effects import DESTRUCTIVE, SIDE_EFFECTS, Effect
+from sim.safety.sim_node import SimNode
+from sim.safety.world import SafetyWorld
 
 Violation = tuple[str, str]
 RUNGS = {c.NODE_KILL: Rung.KILL, c.NODE_RESET: Rung.RESET, c.CLOUD_REBOOT: Rung.REBOOT}

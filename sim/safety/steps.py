@@ -16,7 +16,8 @@ from api.guard import GateRelease, LeaseGrant
 from api.names import HOLDER_SIGNAL_GRANTED
 from policies.findings import Finding, GpuIds, HealthReport
 from sim.safety.schedule import Step
-from sim.safety.world import OLD_DENIED, SafetyWorld, SimNode
+from sim.safety.sim_node import SimNode
+from sim.safety.world import OLD_DENIED, SafetyWorld
 from workers.reporting import send_report
 from workflows.node_admission import NodeAdmission
 from workflows.node_remediation import NodeRemediation

@@ -1,91 +1,37 @@
 """The world one safety schedule runs in: the stand-in activities of tests/workflows/fakes.py,
 extended to record every side effect (with who asked and whether it was a dry run), to model
-processes per GPU (and per MIG instance), a second sender's view of the node, and the agents'
-and controller's workers, which a schedule stops and starts."""
+processes per GPU (and per MIG instance), and a second sender's view of the node. Its record is
+effects.py, its nodes sim_node.py, its workers (which a schedule stops and starts) workers.py."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from temporalio import activity
 from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
-from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+from temporalio.worker import Worker
 
 import api as c
 from activities.guard import GuardActivities
 from activities.policy import PolicyActivities
-from policies.findings import Finding, HealthReport
-from sim.safety.schedule import FAULTS, GPUS, ONE_SHOT, Schedule, driver_id, jitter
-from tests.workflows.fakes import FakeFleet, FakeNode
+from policies.findings import HealthReport
+from sim.safety.effects import SIDE_EFFECTS, Effect
+from sim.safety.schedule import GPUS, Schedule, driver_id, jitter
+from sim.safety.sim_node import SimNode
+from sim.safety.workers import WorkerSwitches
+from tests.workflows.fakes import FakeFleet
 from workflows.fleet_guard import FleetGuard
-from workflows.node_admission import NodeAdmission
 from workflows.node_remediation import NodeRemediation
 
-# What an episode does to a node (attribute_pods marks its pods; the rest change the node).
-SIDE_EFFECTS = {c.KUBE_QUARANTINE, c.KUBE_RETURN_TO_SERVICE, c.KUBE_ATTRIBUTE_PODS, c.KUBE_DRAIN, c.CLOUD_REBOOT,
-                c.CLOUD_REPLACE, c.NODE_KILL, c.NODE_RESET, c.LEDGER_DENYLIST}
-DESTRUCTIVE = {c.KUBE_DRAIN, c.NODE_KILL, c.NODE_RESET, c.CLOUD_REBOOT, c.CLOUD_REPLACE, c.LEDGER_DENYLIST}
-WORKFLOWS = [NodeRemediation, FleetGuard, NodeAdmission]
 OLD_DENIED = "GPU-denied-long-ago"  # a legitimate denylist entry from before the schedule
 LATER_SIGNAL = "later"
 
 
-@dataclass
-class Effect:
-    """One thing done (or asked, or heard) in the world, in the order it happened."""
-
-    n: int
-    kind: str
-    node: str
-    wf: str = ""  # the workflow that asked (empty: the schedule itself)
-    dry: bool = False
-    detail: dict[str, Any] = field(default_factory=dict)
-
-    def __str__(self) -> str:
-        extra = " ".join(f"{k}={v}" for k, v in self.detail.items())
-        return f"#{self.n} {self.kind} {self.node}{' (dry run)' if self.dry else ''} by {self.wf or '-'} {extra}".rstrip()
-
-
-@dataclass
-class SimNode(FakeNode):
-    ours: bool = True
-    mig: bool = False
-    fault: str | None = None
-    gpu: int = 0
-    event: int = 0
-    genuine: list[Finding] = field(default_factory=list)  # every finding this node's own agent reported
-    watched: list[Finding] = field(default_factory=list)  # what the condition watchers reported (node-wide)
-    cordoned_by_other: bool = False
-    replaced: bool = False
-    admitted: bool = True
-
-    def processes(self) -> list[tuple[int, int | None]]:
-        """(GPU, MIG instance) of each process on the node: two tenants per GPU under MIG."""
-        return [(g, gi) for g in range(self.gpus) for gi in ((0, 1) if self.mig else (None,))]
-
-    def fault_findings(self) -> list[Finding]:
-        label, fields, _ = next(f for f in FAULTS if f[0] == self.fault)
-        ids = self.ids()[self.gpu]
-        gpu_wide = fields["kind"] != "nic_ports_down" and "pci" not in fields
-        extra = {"gpu_index": self.gpu, "uuid": ids.uuid, "serial": ids.serial} if gpu_wide else {}
-        if gpu_wide and self.mig and fields["kind"] == "xid":
-            extra["gpu_instance_id"] = 1  # NVML's Xid event names the MIG instance it hit
-        if fields["kind"] in ONE_SHOT:
-            extra["event_id"] = f"{self.name}/boot-{self.boot}/{self.event}"
-        return [Finding(**fields, **extra, message=label)]
-
-    def report(self, healthy: bool | None = None) -> HealthReport:
-        r = super().report(healthy)
-        return r.model_copy(update={"instance_host_id": f"h-{self.name}"})
-
-
-class SafetyWorld(FakeFleet):
+class SafetyWorld(WorkerSwitches, FakeFleet):
     """FakeFleet plus the record of every side effect, for one schedule."""
 
     def __init__(self, client: Client, sched: Schedule):
@@ -322,40 +268,6 @@ class SafetyWorld(FakeFleet):
             pass
         return self.note(label, "", episodes=seen, guard=guard)
 
-    # --- workers -------------------------------------------------------------------------------------
-    def _worker(self, queue: str, controller: bool) -> tuple[Worker, asyncio.Task]:
-        w = Worker(self.client, task_queue=queue, workflows=WORKFLOWS if controller else [],
-                   activities=self.activities(), workflow_runner=UnsandboxedWorkflowRunner(),
-                   max_concurrent_activity_task_polls=2 if controller else 1,
-                   max_concurrent_workflow_task_polls=2)
-        return w, asyncio.create_task(w.run())
-
-    def start_controller(self) -> None:
-        if self.controller is None:
-            self.controller = self._worker(self.task_queue, True)
-
-    def start_agent(self, name: str) -> None:
-        n = self.nodes[name]
-        n.agent = True
-        if name not in self.agents:
-            self.agents[name] = self._worker(c.node_task_queue(name, self.cluster), False)
-
-    async def stop_controller(self) -> None:
-        w, self.controller = self.controller, None
-        if w is not None:
-            await _stop(w)
-
-    async def stop_agent(self, name: str) -> None:
-        self.nodes[name].agent = False
-        w = self.agents.pop(name, None)
-        if w is not None:
-            await _stop(w)
-
-    async def stop_all(self) -> None:
-        for name in list(self.agents):
-            await self.stop_agent(name)
-        await self.stop_controller()
-
 
 def _instance_named(instances, gpu: int, gi: int) -> bool:
     """Whether a kill request's MIG instance list names (gpu, gi); the shape is the contract's."""
@@ -364,11 +276,3 @@ def _instance_named(instances, gpu: int, gi: int) -> bool:
         if tuple(pair) == (gpu, gi):
             return True
     return False
-
-
-async def _stop(w: tuple[Worker, asyncio.Task]) -> None:
-    worker, task = w
-    with contextlib.suppress(Exception):
-        await worker.shutdown()
-    with contextlib.suppress(BaseException):
-        await task
