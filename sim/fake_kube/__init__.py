@@ -8,7 +8,8 @@ resourceVersion. Hooks inject errors and latency, flip nodes NotReady, and recor
 """
 
 from sim.fake_kube.errors import ApiError
+from sim.fake_kube.hooks import InjectedFault
 from sim.fake_kube.http import FakeKubeServer
-from sim.fake_kube.store import EvictionRecord, FakeKube, InjectedFault
+from sim.fake_kube.store import EvictionRecord, FakeKube
 
 __all__ = ["ApiError", "EvictionRecord", "FakeKube", "FakeKubeServer", "InjectedFault"]
