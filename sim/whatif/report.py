@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from sim.whatif.engine import PolicyOutcome
+from sim.whatif.summary import PolicyOutcome
 
 ROWS = [
     ("availability", lambda o: f"{o.availability * 100:.3f}%"),
