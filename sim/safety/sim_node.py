@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from policies.findings import Finding, HealthReport
 from sim.safety.schedule import FAULTS, ONE_SHOT
-from tests.workflows.fakes import FakeNode
+from tests.workflows.fake_node import FakeNode
 
 
 @dataclass

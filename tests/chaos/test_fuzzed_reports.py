@@ -14,7 +14,8 @@ from temporalio.api.enums.v1 import EventType
 from api.episode import RemediationResult
 from policies.findings import MAX_FINDINGS, HealthReport
 from policies.loader import default_policy
-from tests.workflows.fakes import FakeFleet, FakeNode, xid
+from tests.workflows.fake_node import FakeNode
+from tests.workflows.fakes import FakeFleet, xid
 from workflows.node_remediation import NodeRemediation
 
 json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),

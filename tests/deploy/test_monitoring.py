@@ -17,7 +17,8 @@ import yaml
 
 from policies.loader import default_policy
 from tests.net import free_port
-from tests.workflows.fakes import FakeFleet, FakeNode, xid
+from tests.workflows.fake_node import FakeNode
+from tests.workflows.fakes import FakeFleet, xid
 from workers import telemetry
 from workers.temporal_client import TemporalOptions, connect
 

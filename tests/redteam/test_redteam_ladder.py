@@ -13,7 +13,8 @@ from temporalio import activity
 import api as c
 from policies.findings import Finding, HealthReport
 from policies.loader import default_policy
-from tests.workflows.fakes import DESTRUCTIVE, FakeFleet, FakeNode, xid
+from tests.workflows.fake_node import FakeNode
+from tests.workflows.fakes import DESTRUCTIVE, FakeFleet, xid
 from tests.workflows.test_node_remediation import run_with_status
 from workers.reporting import send_report
 

@@ -13,7 +13,8 @@ from temporalio.client import WorkflowUpdateFailedError
 from api.guard import LeaseGrant
 from api.names import guard_workflow_id
 from policies.loader import default_policy
-from tests.workflows.fakes import FakeFleet, FakeNode, xid
+from tests.workflows.fake_node import FakeNode
+from tests.workflows.fakes import FakeFleet, xid
 from tests.workflows.test_node_remediation import wait_for
 from workflows.fleet_guard import FleetGuard
 from workflows.node_remediation import NodeRemediation

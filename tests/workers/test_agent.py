@@ -9,7 +9,8 @@ from health.nics import NicExpectation
 from health.runner import ProbeConfig
 from policies.loader import default_policy
 from sim.nvml import SimulatedNvml
-from tests.workflows.fakes import FakeFleet, FakeNode
+from tests.workflows.fake_node import FakeNode
+from tests.workflows.fakes import FakeFleet
 from workers.agent import Agent, AgentConfig
 from workflows.node_remediation import NodeRemediation
 

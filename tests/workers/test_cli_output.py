@@ -10,7 +10,8 @@ from api.episode import RemediationStatus
 from api.guard import GuardStatus
 from policies.loader import default_policy
 from tests.workers.test_operator_cli import cli
-from tests.workflows.fakes import FakeFleet, FakeNode, xid
+from tests.workflows.fake_node import FakeNode
+from tests.workflows.fakes import FakeFleet, xid
 from workers.render import human, table
 from workflows.node_remediation import NodeRemediation
 

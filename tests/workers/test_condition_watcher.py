@@ -7,7 +7,8 @@ from kubernetes import client
 from api.names import remediation_workflow_id
 from policies.loader import default_policy
 from sim.fake_kube import FakeKubeServer
-from tests.workflows.fakes import FakeFleet, FakeNode
+from tests.workflows.fake_node import FakeNode
+from tests.workflows.fakes import FakeFleet
 from workers.condition_watcher import ConditionRule, ConditionWatcher, WatcherConfig
 from workflows.node_remediation import NodeRemediation
 

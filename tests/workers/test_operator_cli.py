@@ -8,7 +8,8 @@ import sys
 from api.episode import RemediationResult
 from api.names import remediation_workflow_id
 from policies.loader import default_policy
-from tests.workflows.fakes import FakeFleet, FakeNode, xid
+from tests.workflows.fake_node import FakeNode
+from tests.workflows.fakes import FakeFleet, xid
 from workflows.node_remediation import NodeRemediation
 
 

@@ -21,11 +21,11 @@ from temporalio.worker import Worker
 import api as c
 from activities.errors import NO_EFFECT, fail
 from activities.guard import GuardActivities
-from activities.policy import PolicyActivities
 from api.names import guard_workflow_id, remediation_workflow_id
-from policies.findings import Finding, GpuIds, HealthReport
+from policies.findings import Finding, HealthReport
 from policies.model import Policy
-from policies.terms import Rung
+from tests.workflows.fake_ledger import FakeLedger
+from tests.workflows.fake_node import FakeAgentActivities, FakeNode
 from workers.reporting import send_report
 from workflows.fleet_guard import FleetGuard
 from workflows.node_admission import NodeAdmission
@@ -33,48 +33,7 @@ from workflows.node_remediation import NodeRemediation
 
 
 @dataclass
-class FakeNode:
-    name: str
-    findings: list[Finding]
-    cured_by: str = "reboot"  # the lowest rung that clears the fault, or "none"
-    reboot_returns: bool = True
-    recurs: int = 0  # faults coming back after return to service
-    gpus: int = 8
-    faulty: bool = True
-    boot: int = 0
-    seq: int = 0
-    cordoned: bool = False
-    calls: list[str] = field(default_factory=list)
-    hold: asyncio.Event | None = None  # drain waits on it when set (tests steer timing)
-    pdb_stuck: bool = False  # the drain times out with the job's pod still there (escalate)
-    agent: bool = True  # False: nobody polls node/<cluster>/<node> and no report comes from a new boot
-    # After a reboot that returns: "agent" reports from the new boot and serves; "once" reports once
-    # from it, then is gone; "watcher": only a condition watcher reports the kubelet's new boot id.
-    after_reboot: str = "agent"
-    lifecycle_hook: bool = False  # replace: a termination hook holds the instance (Terminating:Wait)
-    replaced_boot: int | None = None  # the boot whose host was replaced (the Node's replaced annotation)
-    exists: bool = True  # False: the API server has no such node
-    fail: set[str] = field(default_factory=set)  # activity names that fail for good (NoEffect) on this node
-    pod_gpus: dict[str, list[int]] = field(default_factory=dict)  # what node.gpu_pods answers
-    requests: dict[str, list] = field(default_factory=dict)  # activity name -> requests seen
-
-    def ids(self) -> list[GpuIds]:
-        return [GpuIds(index=i, uuid=f"GPU-{self.name}-{i}", serial=f"SN-{self.name}-{i // 2}") for i in range(self.gpus)]
-
-    def report(self, healthy: bool | None = None) -> HealthReport:
-        self.seq += 1
-        healthy = (not self.faulty) if healthy is None else healthy
-        return HealthReport(node=self.name, boot_id=f"boot-{self.name}-{self.boot}", seq=self.seq,
-                            gpus=self.ids(), findings=[] if healthy else self.findings,
-                            detected_at=datetime.now(UTC))
-
-    def apply(self, rung: str) -> None:
-        if self.faulty and Rung.cures(rung, self.cured_by):
-            self.faulty = False
-
-
-@dataclass
-class FakeFleet:
+class FakeFleet(FakeAgentActivities, FakeLedger):
     client: Client
     task_queue: str
     policy: Policy
@@ -232,96 +191,6 @@ class FakeFleet:
         if n.lifecycle_hook:
             return c.ReplaceResult(instance_id=f"i-{n.name}", action="asg", lifecycle_state="Terminating:Wait")
         return c.ReplaceResult(instance_id=f"i-{n.name}", action="ec2")
-
-    # --- node-local ----------------------------------------------------------------------------
-    @activity.defn(name=c.NODE_KILL)
-    async def kill(self, req: c.KillRequest) -> c.KillResult:
-        n = self._node(req)
-        n.apply("kill")
-        return c.KillResult()
-
-    @activity.defn(name=c.NODE_RESET)
-    async def reset(self, req: c.ResetRequest) -> c.ResetResult:
-        n = self._node(req)
-        await asyncio.sleep(self.act_delay)
-        n.apply("reset")
-        return c.ResetResult(reset=req.gpus)
-
-    @activity.defn(name=c.NODE_GPU_PODS)
-    async def gpu_pods(self, req: c.GpuPodsRequest) -> c.GpuPodsResult:
-        return c.GpuPodsResult(pod_gpus=self._node(req).pod_gpus)
-
-    @activity.defn(name=c.NODE_HARDWARE_IDS)
-    async def hardware_ids(self, req: c.HardwareIdsRequest) -> c.HardwareIdsResult:
-        """What NVML on the node says: its own GPUs' ids, whoever started the admission."""
-        n = self._node(req)
-        gpus = n.ids()
-        return c.HardwareIdsResult(hardware_ids=sorted({g.uuid for g in gpus} | {g.serial for g in gpus if g.serial}),
-                                   gpus=len(gpus))
-
-    @activity.defn(name=c.NODE_INVENTORY)
-    async def inventory(self, req: c.InventoryRequest) -> c.InventoryResult:
-        """The stand-in models no hardware inventory: admission records no baseline (it says so)."""
-        return c.InventoryResult(inventory=None)
-
-    @activity.defn(name=c.NODE_VALIDATE)
-    async def validate(self, req: c.ValidateRequest) -> c.ValidationResult:
-        n = self._node(req)
-        return c.ValidationResult(passed=not n.faulty, findings=n.findings if n.faulty else [], checks=["fake"])
-
-    # --- ledger --------------------------------------------------------------------------------
-    @activity.defn(name=c.LEDGER_RECORD)
-    async def record(self, rec: c.RemediationRecord) -> None:
-        if self.record_hold is not None:  # the episode is closing: tests send reports meanwhile
-            self.record_started.set()
-            await self.record_hold.wait()
-        if all(r.episode != rec.episode for r in self.records):
-            self.records.append(rec)
-
-    @activity.defn(name=c.LEDGER_COUNT_RECENT)
-    async def count_recent(self, req: c.CountRecentRequest) -> int:
-        ids = set(req.hardware_ids)
-        return sum(1 for r in self.records
-                   if ids & set(r.boards if req.by_board else r.hardware_ids) and r.episode != req.exclude_episode)
-
-    @activity.defn(name=c.LEDGER_CHECK_DENIED)
-    async def check_denied(self, req: c.CheckDeniedRequest) -> c.CheckDeniedResult:
-        return c.CheckDeniedResult(denied={i: self.denylist[i] for i in req.hardware_ids if i in self.denylist})
-
-    @activity.defn(name=c.LEDGER_DENYLIST)
-    async def denylist_add(self, req: c.DenylistRequest) -> c.DenylistResult:
-        added = [i for i in req.hardware_ids if i not in self.denylist]
-        self.denylist.update({i: req.reason for i in added})
-        return c.DenylistResult(added=added)
-
-    @activity.defn(name=c.LEDGER_LAST_STARTED)
-    async def last_started(self, req: c.LastStartedRequest) -> c.LastStartedResult:
-        starts = [r.started_at for r in self.records if r.node == req.node and r.episode != req.exclude_episode]
-        return c.LastStartedResult(started_at=max(starts, default=None))
-
-    @activity.defn(name=c.LEDGER_ADMIT)
-    async def admit(self, req: c.AdmitRequest) -> None:
-        self.admitted_hw.setdefault(req.node, set()).update(req.hardware_ids)
-
-    @activity.defn(name=c.LEDGER_ADMITTED)
-    async def admitted(self, req: c.AdmittedRequest) -> c.AdmittedResult:
-        return c.AdmittedResult(hardware_ids=sorted(self.admitted_hw.get(req.node, set())))
-
-    @activity.defn(name=c.LEDGER_BASELINE)
-    async def baseline(self, req: c.BaselineRequest) -> c.BaselineResult:
-        return c.BaselineResult()
-
-    @activity.defn(name=c.LEDGER_LOAD_FIGURES)
-    async def load_figures(self, rec: c.LoadFiguresRecord) -> None:
-        self.figures = [*getattr(self, "figures", []), rec]
-
-    @activity.defn(name=c.POLICY_CURRENT)
-    async def current_policy(self, req: c.PolicyRequest) -> c.PolicySnapshot:
-        """The controller's policy: whatever the test set on the fleet, read at each episode's start."""
-        policy = self.policy
-        if self.history_limit is not None:  # the limit is the controller's policy's, never a sender's
-            policy = policy.model_copy(update={"history_limit": self.history_limit})
-        return PolicyActivities(policy, "test", self.cluster).snapshot
 
     # --- guard: the real activities against the server, slowed or failed on demand -------------
     @activity.defn(name=c.GUARD_LIVE_HOLDERS)

@@ -19,7 +19,8 @@ from temporalio.testing import WorkflowEnvironment
 from policies.findings import Finding
 from policies.loader import default_policy
 from policies.model import Policy
-from tests.workflows.fakes import FakeFleet, FakeNode, xid
+from tests.workflows.fake_node import FakeNode
+from tests.workflows.fakes import FakeFleet, xid
 from workers.embedded_temporal import binary, search_attribute_flags
 from workflows.node_remediation import NodeRemediation
 

@@ -12,7 +12,8 @@ from temporalio.worker import Replayer
 
 from api.admission import AdmissionInput
 from api.names import admission_workflow_id
-from tests.workflows.fakes import FakeNode, xid
+from tests.workflows.fake_node import FakeNode
+from tests.workflows.fakes import xid
 from tests.workflows.test_node_remediation import make_fleet, wait_for
 from tests.workflows.test_trust_boundaries import controller_policy
 from workers.reporting import start_admission

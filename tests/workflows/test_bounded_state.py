@@ -12,7 +12,8 @@ from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
 from api.names import remediation_workflow_id
 from api.reports import MAX_REPORT_BYTES, report_bounds_problem
 from policies.findings import Finding, GpuIds, HealthReport
-from tests.workflows.fakes import FakeNode, xid
+from tests.workflows.fake_node import FakeNode
+from tests.workflows.fakes import xid
 from tests.workflows.test_node_remediation import make_fleet
 from workers.reporting import ReportTooLarge, fit_to_bounds, send_report
 from workflows.node_remediation import NodeRemediation

@@ -11,7 +11,8 @@ import pytest
 from api.names import guard_workflow_id, remediation_workflow_id
 from policies.findings import Finding
 from policies.loader import default_policy
-from tests.workflows.fakes import FakeNode, xid
+from tests.workflows.fake_node import FakeNode
+from tests.workflows.fakes import xid
 from tests.workflows.test_node_remediation import make_fleet, run_node, run_with_status, wait_for
 from workflows.fleet_guard import FleetGuard
 from workflows.node_remediation import NodeRemediation

@@ -14,7 +14,8 @@ from temporalio.worker import Worker
 import api as c
 from api.episode import RemediationInput, RemediationResult
 from api.names import legacy_remediation_workflow_id, remediation_workflow_id
-from tests.workflows.fakes import FakeFleet, FakeNode, xid
+from tests.workflows.fake_node import FakeNode
+from tests.workflows.fakes import FakeFleet, xid
 from tests.workflows.test_node_remediation import make_fleet, wait_for
 from workers import operator as op
 from workers.reporting import episode_id

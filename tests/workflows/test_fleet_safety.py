@@ -8,7 +8,8 @@ import pytest
 from api.admission import AdmissionInput
 from api.names import admission_workflow_id, guard_workflow_id
 from policies.loader import default_policy
-from tests.workflows.fakes import FakeFleet, FakeNode, xid
+from tests.workflows.fake_node import FakeNode
+from tests.workflows.fakes import FakeFleet, xid
 from workflows.fleet_guard import FleetGuard
 from workflows.node_admission import NodeAdmission
 

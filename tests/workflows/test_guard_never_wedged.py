@@ -9,7 +9,8 @@ from datetime import timedelta
 
 from api.names import guard_workflow_id
 from policies.loader import default_policy
-from tests.workflows.fakes import FakeFleet, FakeNode, xid
+from tests.workflows.fake_node import FakeNode
+from tests.workflows.fakes import FakeFleet, xid
 from tests.workflows.test_node_remediation import wait_for
 from workers.controller import tell_guard_the_policy
 from workers.operator import lift_gates

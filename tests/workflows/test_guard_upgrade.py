@@ -13,7 +13,8 @@ from temporalio.worker import Replayer, UnsandboxedWorkflowRunner, Worker
 
 from api.guard import GuardInput, GuardState
 from api.names import guard_workflow_id
-from tests.workflows.fakes import FakeNode, xid
+from tests.workflows.fake_node import FakeNode
+from tests.workflows.fakes import xid
 from tests.workflows.test_guard_never_wedged import fleet_of, quick_policy
 from tests.workflows.test_node_remediation import wait_for
 from workers.controller import tell_guard_the_policy

@@ -12,7 +12,8 @@ from api.guard import LeaseGrant
 from api.names import guard_workflow_id
 from policies.findings import Finding
 from policies.loader import default_policy
-from tests.workflows.fakes import DESTRUCTIVE, FakeNode, xid
+from tests.workflows.fake_node import FakeNode
+from tests.workflows.fakes import DESTRUCTIVE, xid
 from tests.workflows.test_do_no_harm import event, stage_is
 from tests.workflows.test_node_remediation import make_fleet, run_with_status, wait_for
 from workflows.fleet_guard import FleetGuard

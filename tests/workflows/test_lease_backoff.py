@@ -6,7 +6,8 @@ import asyncio
 from datetime import timedelta
 
 from policies.loader import default_policy
-from tests.workflows.fakes import FakeFleet, FakeNode, xid
+from tests.workflows.fake_node import FakeNode
+from tests.workflows.fakes import FakeFleet, xid
 from workflows.fleet_guard import FleetGuard
 from workflows.lease import RESEND_BACKOFF_CAP
 from workflows.node_remediation import NodeRemediation

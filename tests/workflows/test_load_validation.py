@@ -6,7 +6,8 @@ from __future__ import annotations
 import api as c
 from policies.findings import Finding
 from policies.loader import default_policy
-from tests.workflows.fakes import FakeFleet, FakeNode, xid
+from tests.workflows.fake_node import FakeNode
+from tests.workflows.fakes import FakeFleet, xid
 from workflows.node_remediation import NodeRemediation
 
 

@@ -15,7 +15,8 @@ from api.episode import RemediationResult
 from api.names import guard_workflow_id
 from policies.findings import Finding
 from policies.loader import default_policy
-from tests.workflows.fakes import FakeFleet, FakeNode, xid
+from tests.workflows.fake_node import FakeNode
+from tests.workflows.fakes import FakeFleet, xid
 from workflows.fleet_guard import FleetGuard
 from workflows.node_remediation import NodeRemediation
 

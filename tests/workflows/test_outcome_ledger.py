@@ -7,7 +7,8 @@ import pytest
 
 from activities.outcomes import figures
 from policies.loader import default_policy
-from tests.workflows.fakes import FakeFleet, FakeNode, xid
+from tests.workflows.fake_node import FakeNode
+from tests.workflows.fakes import FakeFleet, xid
 from workflows.outcome import IN_SERVICE
 
 

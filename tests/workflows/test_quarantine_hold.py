@@ -7,7 +7,8 @@ from __future__ import annotations
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
-from tests.workflows.fakes import FakeNode, xid
+from tests.workflows.fake_node import FakeNode
+from tests.workflows.fakes import xid
 from tests.workflows.test_node_remediation import make_fleet, wait_for
 from workflows.node_remediation import NodeRemediation
 

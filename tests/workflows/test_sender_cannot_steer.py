@@ -12,7 +12,8 @@ from temporalio.common import RawValue
 from api.episode import RemediationInput
 from api.names import guard_workflow_id, remediation_workflow_id
 from policies.loader import default_policy
-from tests.workflows.fakes import FakeNode, xid
+from tests.workflows.fake_node import FakeNode
+from tests.workflows.fakes import xid
 from tests.workflows.test_node_remediation import make_fleet, wait_for
 from tests.workflows.test_trust_boundaries import controller_policy
 from workers.reporting import send_report

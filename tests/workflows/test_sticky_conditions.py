@@ -12,7 +12,7 @@ from kubernetes import client as k8s
 from api.names import remediation_workflow_id
 from policies.loader import default_policy
 from policies.terms import Generation
-from tests.workflows.fakes import FakeNode
+from tests.workflows.fake_node import FakeNode
 from tests.workflows.test_node_remediation import make_fleet, wait_for
 from workers.condition_watcher import ConditionRule, ConditionWatcher, WatcherConfig
 from workflows.node_remediation import NodeRemediation

@@ -11,7 +11,8 @@ from api.admission import AdmissionInput
 from api.episode import RemediationInput, RemediationState, Stage
 from api.names import admission_workflow_id, guard_workflow_id, remediation_workflow_id
 from policies.loader import default_policy
-from tests.workflows.fakes import FakeNode, xid
+from tests.workflows.fake_node import FakeNode
+from tests.workflows.fakes import xid
 from tests.workflows.test_node_remediation import make_fleet, wait_for
 from workflows.node_admission import NodeAdmission
 from workflows.node_remediation import NodeRemediation
