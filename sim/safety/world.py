@@ -201,11 +201,8 @@ class SafetyWorld(WorkerSwitches, FakeFleet):
         del n  # the entry stands whatever became of the node
         return c.DenylistResult(added=added)
 
-    @activity.defn(name=c.LEDGER_RECORD)
-    async def record(self, rec: c.RemediationRecord) -> None:
-        if all(r.episode != rec.episode for r in self.records):
-            self.records.append(rec)
-            self.note("ended", rec.node, activity.info().workflow_id or "", outcome=rec.outcome, rungs=rec.rungs)
+    def _recorded(self, rec: c.RemediationRecord) -> None:
+        self.note("ended", rec.node, activity.info().workflow_id or "", outcome=rec.outcome, rungs=rec.rungs)
 
     @activity.defn(name=c.GUARD_SIGNAL)
     async def signal_guard(self, req: c.GuardSignalRequest) -> None:

@@ -212,11 +212,10 @@ class FakeFleet(FakeAgentActivities, FakeLedger):
     def activities(self) -> list:
         guard = GuardActivities(self.client)
         return [self.quarantine, self.return_to_service, self.attribute_pods, self.drain, self.reboot,
-                self.replace, self.kill, self.reset, self.validate, self.record, self.count_recent,
-                self.denylist_add, self.check_denied, self.event, self.count_fleet, guard.signal_guard,
-                self.live_holders, self.running_episodes, self.quarantined_nodes, self.check_node, self.kubelet_boot_id, self.gpu_pods, self.current_policy,
-                self.baseline, self.load_figures, self.hardware_ids, self.inventory, self.admit, self.admitted, self.running_holders,
-                self.last_started]
+                self.replace, self.kill, self.reset, self.validate, *self.ledger_activities(), self.event,
+                self.count_fleet, guard.signal_guard, self.live_holders, self.running_episodes, self.quarantined_nodes,
+                self.check_node, self.kubelet_boot_id, self.gpu_pods, self.current_policy, self.hardware_ids,
+                self.inventory, self.running_holders]
 
     @contextlib.asynccontextmanager
     async def workers(self):
