@@ -46,6 +46,15 @@ class Outcome(StrEnum):
     OBSERVED = "observed"  # the node's profile is in observe mode: the triage is recorded, nothing done
 
 
+class GuardAnswer(StrEnum):
+    """Where an episode stands with the fleet guard's quarantine admission."""
+
+    NOT_ASKED = ""
+    ASKED = "asked"
+    ADMITTED = "admitted"
+    DEFERRED = "deferred"  # no room under max_unhealthy yet: the fault waits uncordoned
+
+
 class ActionRecord(BaseModel):
     at: datetime
     step: str
@@ -110,7 +119,7 @@ class RemediationState(BaseModel):
     run_ids: list[str] = Field(default_factory=list)
     policy_name: str = Field(default="", description="The controller's policy this episode acts on ('' before controller-policy).")
     policy_sha256: str = ""
-    admission: str = Field(default="", description="'', asked, admitted or deferred: the guard's answer on quarantine.")
+    admission: GuardAnswer = Field(default=GuardAnswer.NOT_ASKED, description="The guard's answer on quarantine.")
     admission_reason: str = ""
     held: str = Field(default="", description="Why the node is held for a person (an earlier episode left it quarantined).")
     held_unchecked: int = Field(default=0, description="Checks of the node the API server did not answer while held "

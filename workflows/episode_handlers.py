@@ -11,7 +11,7 @@ from temporalio import workflow
 from temporalio.common import RawValue
 
 with workflow.unsafe.imports_passed_through():
-    from api.episode import Outcome, RemediationStatus, Stage
+    from api.episode import GuardAnswer, Outcome, RemediationStatus, Stage
     from api.guard import LeaseGrant, QuarantineAnswer
     from api.names import HOLDER_SIGNAL_GRANTED, HOLDER_SIGNAL_QUARANTINE
     from policies.terms import Rung
@@ -63,8 +63,8 @@ class EpisodeHandlers(GuardClient):
 
     @workflow.signal(name=HOLDER_SIGNAL_QUARANTINE)
     def quarantine_answer(self, answer: QuarantineAnswer) -> None:
-        if self.s.admission != "admitted":
-            self.s.admission = "admitted" if answer.admitted else "deferred"
+        if self.s.admission != GuardAnswer.ADMITTED:
+            self.s.admission = GuardAnswer.ADMITTED if answer.admitted else GuardAnswer.DEFERRED
             self.s.admission_reason = answer.reason
 
     # Updates take who asked as their last argument (the CLI sends its client identity): an update

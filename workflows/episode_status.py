@@ -4,7 +4,7 @@ waits on, in words) and whether its id is one this controller serves. No workflo
 from __future__ import annotations
 
 import api as c
-from api.episode import RemediationState, RemediationStatus, Stage
+from api.episode import GuardAnswer, RemediationState, RemediationStatus, Stage
 from policies.model import Policy
 
 
@@ -30,7 +30,7 @@ def waiting_for(s: RemediationState, *, node: str, policy: Policy | None) -> str
         return f"a person: {s.held}" + ("" if "gpuheal lift" in s.held else f" (gpuheal lift {node})")
     if s.paused:
         return f"resume: paused ({s.pause_reason})"
-    if s.admission == "deferred":
+    if s.admission == GuardAnswer.DEFERRED:
         return f"room to quarantine: {s.admission_reason}"
     if s.awaiting_approval is not None:
         return f"approval to {s.awaiting_approval.value} (gpuheal approve {node} {s.awaiting_approval.value})"

@@ -12,7 +12,7 @@ from temporalio.exceptions import FailureError
 
 with workflow.unsafe.imports_passed_through():
     import api as c
-    from api.episode import Outcome
+    from api.episode import GuardAnswer, Outcome
     from api.guard import FaultNotice, LeaseGrant, LeaseRelease, LeaseRequest
     from api.names import GUARD_SIGNAL_FAULT, GUARD_SIGNAL_RELEASE, GUARD_SIGNAL_REQUEST
     from policies.durations import format_duration
@@ -80,22 +80,22 @@ class GuardClient(Episode):
         """The guard admits a cordon while at most max_unhealthy nodes are quarantined; past that
         the fault waits uncordoned, recorded with the reason, until there is room, the fault clears
         or an operator cancels. A guard that does not answer in time does not stop the cordon."""
-        if self.s.admission == "admitted":
+        if self.s.admission == GuardAnswer.ADMITTED:
             return True
         timeout = self.policy.guard.admission_timeout
         if not self.s.admission:
             await self._signal_guard(GUARD_SIGNAL_FAULT, self._fault_notice(admission=True), started=self.s.guard_notified)
-            self.s.admission, self.s.guard_notified = "asked", True
-        done = lambda: self.s.admission == "admitted" or self._fault_cleared() or self.s.cancel_reason is not None  # noqa: E731
+            self.s.admission, self.s.guard_notified = GuardAnswer.ASKED, True
+        done = lambda: self.s.admission == GuardAnswer.ADMITTED or self._fault_cleared() or self.s.cancel_reason is not None  # noqa: E731
         try:
-            await workflow.wait_condition(lambda: done() or self.s.admission == "deferred", timeout=timeout,
+            await workflow.wait_condition(lambda: done() or self.s.admission == GuardAnswer.DEFERRED, timeout=timeout,
                                           timeout_summary=f"the fleet guard's answer for {self.node}")
         except TimeoutError:
             self._record("quarantine", f"no answer from the fleet guard for {self.node}", False,
                          f"none within {timeout}: cordoning anyway (a bad node is not left in service)")
-            self.s.admission = "admitted"
+            self.s.admission = GuardAnswer.ADMITTED
             return True
-        if self.s.admission == "deferred" and not done():
+        if self.s.admission == GuardAnswer.DEFERRED and not done():
             self._record("quarantine", f"quarantine of {self.node} deferred by the fleet guard", False,
                          self.s.admission_reason)
             self._set_details(f"room to quarantine: {self.s.admission_reason}")
@@ -106,11 +106,11 @@ class GuardClient(Episode):
                                                   timeout_summary=f"{self.node}'s quarantine request, re-sent")
                 except TimeoutError:
                     await self._signal_guard(GUARD_SIGNAL_FAULT, self._fault_notice(admission=True), started=True)
-            if self.s.admission == "admitted":
+            if self.s.admission == GuardAnswer.ADMITTED:
                 self._record("quarantine", f"quarantine of {self.node} admitted by the fleet guard", True)
-        if self.s.admission != "admitted" and self._fault_cleared():
+        if self.s.admission != GuardAnswer.ADMITTED and self._fault_cleared():
             self._finish(Outcome.HEALTHY, "the fault cleared while its quarantine was deferred; nothing done")
-        return self.s.admission == "admitted"
+        return self.s.admission == GuardAnswer.ADMITTED
 
     def _fault_cleared(self) -> bool:
         t = self.s.triage

@@ -12,6 +12,7 @@ with workflow.unsafe.imports_passed_through():
         SA_ATTRIBUTION,
         SA_FAULT,
         SA_UUIDS,
+        GuardAnswer,
         Outcome,
         RemediationInput,
         RemediationResult,
@@ -224,7 +225,7 @@ class NodeRemediation(EpisodeHandlers, RungActions, RemediationSteps, SuspectChe
             return self._finish(Outcome.QUARANTINED, f"validated after {self.s.fixed_by.value}, but the uncordon "
                                 f"failed ({self.s.actions[-1].detail}): the node stays cordoned for a person")
         self.s.quarantined = self.s.drained = False
-        self.s.admission = ""  # back in service: a recurrence asks the guard for room again
+        self.s.admission = GuardAnswer.NOT_ASKED  # back in service: a recurrence asks the guard for room again
         await self._release_lease("validated")
         await self._tell_guard(healthy=True)
         self._set_stage(Stage.PROBATION)

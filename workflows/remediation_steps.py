@@ -11,7 +11,7 @@ from workflows import metrics
 
 with workflow.unsafe.imports_passed_through():
     import api as c
-    from api.episode import Outcome, Stage
+    from api.episode import GuardAnswer, Outcome, Stage
     from policies.classify import Triage
     from policies.findings import HealthReport, condition_since
     from policies.terms import Rung
@@ -135,7 +135,7 @@ class RemediationSteps(GuardClient):
         if result is not None and detected is not None and self.s.detect_to_cordon_ms is None:
             self.s.detect_to_cordon_ms = max(0, int((result.cordoned_at - detected).total_seconds() * 1000))
             metrics.node_cordoned(self.inp.cluster, t.fault_class or "unknown", self.s.detect_to_cordon_ms)
-        if not (self._guard_admission() and self.s.admission == "admitted"):
+        if not (self._guard_admission() and self.s.admission == GuardAnswer.ADMITTED):
             await self._tell_guard(healthy=False)
 
     def _quarantine_withheld(self) -> bool:
