@@ -4,6 +4,8 @@ breaker, max_unhealthy, the canary trickle, an operator's lift) and the Warning 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from temporalio import workflow
@@ -13,6 +15,31 @@ with workflow.unsafe.imports_passed_through():
     from api.guard import GuardInput, GuardState
     from policies.guard_policy import GuardPolicy, resolve_limit
     from workflows.calls import call_or_none
+
+
+@dataclass(frozen=True)
+class Gate:
+    """One reason the guard holds new leases back: `holds` answers why, or None when it lets them go.
+    A new gate is one more entry in GATES."""
+
+    name: str
+    holds: Callable[[GuardGates], str | None]
+
+
+def _storm(g: GuardGates) -> str | None:
+    return g.s.breaker_reason if g.s.breaker_open else None
+
+
+def _over_max_unhealthy(g: GuardGates) -> str | None:
+    limit = g._max_unhealthy()
+    if limit is not None and len(g.s.unhealthy) > limit:
+        return f"{len(g.s.unhealthy)} nodes unhealthy, above max_unhealthy {g.policy.max_unhealthy}"
+    return None
+
+
+# In order: the first that holds is the reason given. A held gate stops new leases (before
+# guard-never-wedged) or makes them trickle as canaries (since).
+GATES = (Gate("storm breaker", _storm), Gate("max_unhealthy", _over_max_unhealthy))
 
 
 class GuardGates:
@@ -39,13 +66,8 @@ class GuardGates:
         return resolve_limit(self.policy.max_unhealthy, self.s.fleet_size) if self.s.fleet_size else None
 
     def _gate(self) -> str | None:
-        """Why new leases stop (before never-wedged) or trickle (since): the breaker or max_unhealthy."""
-        if self.s.breaker_open:
-            return self.s.breaker_reason
-        limit = self._max_unhealthy()
-        if limit is not None and len(self.s.unhealthy) > limit:
-            return f"{len(self.s.unhealthy)} nodes unhealthy, above max_unhealthy {self.policy.max_unhealthy}"
-        return None
+        """Why new leases stop (before never-wedged) or trickle (since): the first gate that holds."""
+        return next((why for gate in GATES if (why := gate.holds(self)) is not None), None)
 
     def _forced(self) -> bool:
         f = self.s.forced
