@@ -140,7 +140,6 @@ class GuardState(BaseModel):
     pending_alarm_event: str | None = None
     forced: GateRelease | None = None
     policy_changes: list[str] = Field(default_factory=list, description="Who changed the guard's policy, and when (10).")
-    relearned: bool = False
     relearn_error: str = ""  # why the running episodes are not known yet (no lease meanwhile)
     news_at: dict[str, datetime] = Field(default_factory=dict, description="node and sender -> the sender's time of the "
                                          f"guard's latest message about it (the newest {MAX_NEWS_KEPT} nodes).")
@@ -178,6 +177,8 @@ class GuardStatus(BaseModel):
     waiting: list[Waiting] = Field(default_factory=list)
     deferred: list[Waiting] = Field(default_factory=list)
     forced: GateRelease | None = None
+    breaker_opened_at: datetime | None = Field(default=None, description="When the storm breaker last opened.")
+    grants: int = Field(default=0, description="Leases granted by this guard's runs so far.")
     policy: GuardPolicy | None = None
     policy_changes: list[str] = Field(default_factory=list)
     behaviour: str = Field(default="", description="Why this run keeps older behaviour, if it does.")

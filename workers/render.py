@@ -103,7 +103,10 @@ def _guard(doc: dict, wide: bool) -> str:
             + (f": {_some(doc['unhealthy'], wide)}" if doc["unhealthy"] else ""),
             f"Gate:             {doc.get('gate') or '<none>'}",
             f"Paused:           {'yes: ' + doc['pause_reason'] if doc['paused'] else 'no'}",
-            f"Storm breaker:    {'OPEN: ' + doc['breaker_reason'] if doc['breaker_open'] else 'closed'}"]
+            f"Storm breaker:    {'OPEN: ' + doc['breaker_reason'] if doc['breaker_open'] else 'closed'}"
+            + (f" (opened {_when(doc['breaker_opened_at'])})" if doc["breaker_open"] and doc.get("breaker_opened_at") else "")
+            + f"; {doc.get('trips', 0)} trip(s)",
+            f"Granted:          {doc.get('grants', 0)} lease(s) since this guard started"]
     if doc.get("alarm"):
         head.append(f"Alarm:            {doc['alarm']}")
     holders = table(["node", "since", "canary"] + (["holder"] if wide else []),

@@ -205,6 +205,7 @@ class FleetGuard(GuardBooks):
             waiting=[Waiting(holder=w.holder, node=w.node, since=s.waiting_since.get(w.holder, now),
                              reason=self._waiter_reason()) for w in s.waiters],
             deferred=s.deferred, forced=s.forced, policy=self.policy, policy_changes=s.policy_changes,
+            breaker_opened_at=s.breaker_opened_at, grants=s.grants,
             behaviour="" if self._never_wedged else OLD_BEHAVIOUR + (": continuing as new now" if self._upgrade else ""),
         )
 

@@ -214,5 +214,4 @@ class GuardBooks(GuardGates):
                 self.s.waiting_since[e.holder] = now
             if e.quarantined:
                 self.s.unhealthy.setdefault(e.node, e.holder)
-        self.s.relearned = found.known
         self._wake = True

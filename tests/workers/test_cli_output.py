@@ -64,7 +64,8 @@ async def test_every_operator_command_in_each_form(dev_env, uniq):
         RemediationStatus.model_validate_json((await cli(address, "status", n.name, "--json")).stdout)
         guard = await cli(address, "guard")
         assert guard.returncode == 0 and "Budget:" in guard.stdout and n.name in guard.stdout, guard.stdout
-        GuardStatus.model_validate_json((await cli(address, "guard", "-o", "json")).stdout)
+        seen = GuardStatus.model_validate_json((await cli(address, "guard", "-o", "json")).stdout)
+        assert f"Granted:          {seen.grants} lease(s)" in guard.stdout and "closed; 0 trip(s)" in guard.stdout
         wide = (await cli(address, "history", n.name, "-o", "wide")).stdout
         assert wide.splitlines()[0].startswith("Episode ") and "DETAIL" in wide, wide
         hist = json.loads((await cli(address, "history", n.name, "-o", "json")).stdout)
