@@ -21,10 +21,12 @@ from pathlib import Path
 from temporalio.api.testservice.v1 import SleepRequest
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.runtime import LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from api.names import remediation_workflow_id
+from api.guard import GuardStatus
+from api.names import STATUS_QUERY, guard_workflow_id, remediation_workflow_id
 from policies.loader import load_policy
 from policies.model import Policy
 from sim.whatif.clock import ClockEvent, ClockInput, WhatIfClock, clock_workflow_id
@@ -139,7 +141,7 @@ async def _simulate_once(model: FaultModel, policy_arg: str, nodes: int, days: f
                         f"{STALL_S:.0f} s: a workflow no longer gets tasks (a timer and a signal at one "
                         "instant; see sim/whatif/clock.off_grid)") from None
             await handle.result()
-            out = summarize(fleet, label, days, list(workloads))
+            out = summarize(fleet, label, days, list(workloads), await _guard_status(env))
             if count_events:
                 out.events_per_episode = await _events_per_episode(env, fleet)
             out.wall_s = round(time.monotonic() - started, 1)
@@ -150,6 +152,17 @@ async def _simulate_once(model: FaultModel, policy_arg: str, nodes: int, days: f
     finally:
         await env.shutdown()
     return out
+
+
+async def _guard_status(env: WorkflowEnvironment) -> GuardStatus | None:
+    """The guard's books at the end of the run; None when no fault ever started it."""
+    try:
+        return await env.client.get_workflow_handle(guard_workflow_id(WHATIF_CLUSTER)).query(
+            STATUS_QUERY, result_type=GuardStatus, rpc_timeout=timedelta(seconds=30))
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            return None
+        raise
 
 
 async def _events_per_episode(env: WorkflowEnvironment, fleet: WhatIfFleet) -> float | None:

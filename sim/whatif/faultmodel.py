@@ -151,3 +151,19 @@ def draw_faults(model: FaultModel, nodes: int, days: float, seed: int, gpus: int
             t += rng.expovariate(per_s)
     out.sort(key=lambda f: (f.at_s, f.slot, f.fault_class))
     return [f.model_copy(update={"id": i}) for i, f in enumerate(out)]
+
+
+def mass_failure(model: FaultModel, nodes: int, failing: int, fault_class: str, *, at_s: float = 600.0,
+                 seed: int = 0, gpus: int = 8) -> list[FaultDraw]:
+    """`failing` distinct nodes struck by one class at one instant (a bad driver or firmware push, a
+    cooling loop lost): what the guard's max_unhealthy, storm breaker and canaries are for. Each is
+    cured by a rung drawn from the class's `cured_by`; none recurs."""
+    if fault_class not in model.classes:
+        raise FaultModelError(model.name, [f"classes.{fault_class}: no such class (one of {', '.join(sorted(model.classes))})"])
+    if not 0 < failing <= nodes:
+        raise ValueError(f"failing must be between 1 and the fleet's {nodes} nodes, not {failing}")
+    rng, fc = random.Random(seed), model.classes[fault_class]
+    rungs = sorted(fc.cured_by, key=lambda r: r.rank)
+    return [FaultDraw(id=i, at_s=float(int(at_s) // 60 * 60), slot=slot, fault_class=fault_class, gpu=rng.randrange(gpus),
+                      cured_by=rng.choices(rungs, weights=[fc.cured_by[r] for r in rungs])[0])
+            for i, slot in enumerate(sorted(rng.sample(range(nodes), failing)))]

@@ -60,6 +60,8 @@ class WhatIfFleet(NodeStandIns, LedgerStandIns):
     dropped: int = 0  # faults that arrived while their slot's node was being replaced
     open_episodes: set[str] = field(default_factory=set)
     episode_names: set[str] = field(default_factory=set)
+    quarantined: set[str] = field(default_factory=set)  # nodes under gpuheal's quarantine taint now
+    peak_quarantined: int = 0  # the most at once: what the guard's max_unhealthy bounds
     _workers: dict[str, tuple[Worker, asyncio.Task]] = field(default_factory=dict)
     _retiring: list[asyncio.Task] = field(default_factory=list)
 
@@ -170,6 +172,9 @@ class WhatIfFleet(NodeStandIns, LedgerStandIns):
     async def quarantine(self, req: c.QuarantineRequest) -> c.QuarantineResult:
         n = self._node(req)
         changed, n.cordoned = not n.cordoned, True
+        if req.taint_key == c.QUARANTINE_TAINT:
+            self.quarantined.add(n.name)
+            self.peak_quarantined = max(self.peak_quarantined, len(self.quarantined))
         await self._changed(n)
         return c.QuarantineResult(node=n.name, changed=changed, cordoned_at=self.at(await self.now()))
 
@@ -177,6 +182,7 @@ class WhatIfFleet(NodeStandIns, LedgerStandIns):
     async def return_to_service(self, req: c.ReturnToServiceRequest) -> c.ReturnToServiceResult:
         n = self._node(req)
         n.cordoned = n.drained = False
+        self.quarantined.discard(n.name)
         if c.UNVALIDATED_TAINT in (req.taint_keys or []):
             n.admitted = True
         await self._changed(n)
@@ -236,6 +242,7 @@ class WhatIfFleet(NodeStandIns, LedgerStandIns):
         n, now = self._node(req), await self.now()
         if n.exists:  # idempotent under retry: one replacement per node
             n.exists, n.active = False, {}
+            self.quarantined.discard(n.name)  # the Node is gone with its taint
             slot = self._slot(n)
             slot.replacements += 1
             await self._changed(n)

@@ -9,6 +9,7 @@ from pydantic import BaseModel, Field
 
 import api as c
 from activities.outcomes import figures
+from api.guard import GuardStatus
 from sim.whatif.fleet import WhatIfFleet
 from sim.whatif.jobs import JobOutcome, simulate_jobs
 from sim.whatif.outages import fleet_outages
@@ -42,6 +43,11 @@ class PolicyOutcome(BaseModel):
     failed_again_30d: int = 0
     node_hours_lost_by_phase: dict[str, float] = Field(default_factory=dict)
     jobs: list[JobOutcome] = Field(default_factory=list, description="Each workload's jobs on this run's outages.")
+    peak_quarantined: int = Field(default=0, description="The most nodes under gpuheal's quarantine at once.")
+    max_unhealthy: int | None = Field(default=None, description="The guard's max_unhealthy, resolved on the fleet.")
+    guard_trips: int = Field(default=0, description="How often the storm breaker opened.")
+    canaries: list[str] = Field(default_factory=list, description="The guard's canary history (newest 32).")
+    down_at_end: int = Field(default=0, description="Node slots out of service when the run ended.")
 
 
 def _p95(values: list[float]) -> float | None:
@@ -51,7 +57,8 @@ def _p95(values: list[float]) -> float | None:
     return v[min(len(v) - 1, int(round(0.95 * (len(v) - 1))))]
 
 
-def summarize(fleet: WhatIfFleet, label: str, days: float, workloads: list[WorkloadModel] = ()) -> PolicyOutcome:
+def summarize(fleet: WhatIfFleet, label: str, days: float, workloads: list[WorkloadModel] = (),
+              guard: GuardStatus | None = None) -> PolicyOutcome:
     """Every figure from the slots' out-of-service intervals and the stand-ins' counts, rounded so
     that the sub-second jitter of a real-time run never shows."""
     end = days * 86400.0
@@ -95,4 +102,7 @@ def summarize(fleet: WhatIfFleet, label: str, days: float, workloads: list[Workl
         availability_by_hour=[round(1 - s / (fleet.nodes_count * 3600.0), 5) for s in lost_h],
         mttr_h=round(sum(returns) / len(returns), 3) if returns else None, failed_again_7d=books["failed_again_7d"], failed_again_30d=books["failed_again_30d"],
         node_hours_lost_by_phase=books["node_hours_lost_by_phase"], jobs=jobs,
+        peak_quarantined=fleet.peak_quarantined, down_at_end=sum(1 for s in fleet.slots if s.node.down()),
+        **({"max_unhealthy": guard.max_unhealthy, "guard_trips": guard.trips, "canaries": guard.canary_history}
+           if guard else {}),
     )

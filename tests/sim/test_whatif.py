@@ -169,3 +169,32 @@ def test_an_interrupted_run_leaves_no_process_behind():
     finally:
         if cli.poll() is None:
             os.killpg(cli.pid, signal.SIGKILL)
+
+
+async def test_a_mass_failure_stays_under_max_unhealthy_trickles_canaries_and_every_node_comes_back(tmp_path):
+    """Issue 25: many nodes of a fleet fail at once. The guard quarantines at most max_unhealthy,
+    the storm breaker opens, leases trickle as canaries that step up as they come back, and in the
+    end every node is back in service."""
+    from sim.whatif.faultmodel import mass_failure
+
+    m = model("name: push\nclasses:\n  gsp: {rate: 0.01, finding: {kind: xid, xid: 119}, cured_by: {reset: 0.6, reboot: 0.4}}\n")
+    policy = tmp_path / "storm.yaml"
+    policy.write_text("guard: {max_unhealthy: 5, max_disruptive: 4}\n")
+    faults = mass_failure(m, 40, 16, "gsp", seed=2)
+    assert len({f.slot for f in faults}) == 16 and {f.at_s for f in faults} == {600.0}
+    out = await simulate_policy(m, str(policy), 40, 3, 2, faults=faults)
+    assert out.max_unhealthy == 5 and 0 < out.peak_quarantined <= 5, out
+    assert out.guard_trips >= 1, "16 new faults within the storm window open the breaker"
+    assert any(c.startswith("proven") for c in out.canaries), out.canaries
+    assert out.episodes == {"returned": 16} and out.down_at_end == 0, out
+    assert out.resets == 16 and 0 < out.reboots < 16 and out.replacements == 0  # reset first, then reboot
+
+
+def test_a_mass_failure_names_what_is_wrong():
+    from sim.whatif.faultmodel import mass_failure
+
+    m = model(BUSY)
+    with pytest.raises(FaultModelError, match="classes.cosmic: no such class"):
+        mass_failure(m, 10, 5, "cosmic")
+    with pytest.raises(ValueError, match="between 1 and the fleet's 10 nodes, not 11"):
+        mass_failure(m, 10, 11, "memory")
