@@ -150,6 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
     whatif.add_argument("--workload", action="append", dest="workloads", metavar="WORKLOAD",
                         help="jobs on the fleet (YAML, or shipped: llama3-pretrain, training, training-checkpointed): "
                              "job success, ETTR, goodput lost per policy; again for another on the same outages")
+    whatif.add_argument("--mass-failure", metavar="N:CLASS",
+                        help="instead of drawing faults, strike N nodes with the model's fault class CLASS at once, "
+                             "10 minutes in (a bad driver push): what max_unhealthy, the breaker and canaries do")
     whatif.add_argument("--from-ledger", metavar="FILE",
                         help="replay the faults of a `gpuheal outcomes --json` export instead of drawing them")
     whatif.set_defaults(func=cli_serve.cmd_whatif)

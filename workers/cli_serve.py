@@ -93,7 +93,7 @@ def cmd_simulate(args) -> int:
 def cmd_whatif(args) -> int:
     from policies.loader import PolicyError
     from sim.whatif.engine import WhatIfError, run_whatif
-    from sim.whatif.faultmodel import FaultModelError, load_fault_model
+    from sim.whatif.faultmodel import FaultModelError, load_fault_model, mass_failure
     from sim.whatif.ledger_replay import LedgerReplayError, load_ledger_faults
     from sim.whatif.report import ProgressBar, outcome_table, plot
     from sim.whatif.workload import WorkloadError, load_workload
@@ -108,6 +108,13 @@ def cmd_whatif(args) -> int:
     try:
         model = load_fault_model(args.faults) if args.faults else None
         faults = None
+        if args.mass_failure:
+            count, _, name = args.mass_failure.partition(":")
+            if not count.isdigit() or not 0 < int(count) <= args.nodes or not name or args.from_ledger or model is None:
+                print(f"gpuheal whatif: --mass-failure takes N:CLASS (200:gsp), N from 1 to --nodes ({args.nodes}), "
+                      "with a fault model and without --from-ledger", file=sys.stderr)
+                return 2
+            faults = mass_failure(model, args.nodes, int(count), name, seed=args.seed)
         if args.from_ledger:
             model, faults, args.nodes, args.days, notes = load_ledger_faults(
                 args.from_ledger, model.durations if model else None)
@@ -134,6 +141,7 @@ def cmd_whatif(args) -> int:
     if args.json:
         print_json({"model": model.name, "nodes": args.nodes, "days": args.days, "seed": args.seed,
                      "workloads": args.workloads or [], "from_ledger": args.from_ledger,
+                     "mass_failure": args.mass_failure,
                      "policies": [o.model_dump(mode="json") for o in outcomes]})
     else:
         print(f"{model.name}: {args.nodes} nodes, {args.days:g} days, seed {args.seed}")

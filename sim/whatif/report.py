@@ -17,6 +17,10 @@ ROWS = [
     ("mean time to repair", lambda o: "-" if o.mttr_h is None else f"{o.mttr_h:.2f} h"),
     ("repaired nodes failing again (7 d / 30 d)", lambda o: f"{o.failed_again_7d} / {o.failed_again_30d}"),
     ("faults (dropped)", lambda o: f"{o.faults} ({o.faults_dropped})"),
+    ("most quarantined at once (max_unhealthy)",
+     lambda o: f"{o.peak_quarantined} ({'-' if o.max_unhealthy is None else o.max_unhealthy})"),
+    ("storm breaker trips", lambda o: str(o.guard_trips)),
+    ("nodes out at the end", lambda o: str(o.down_at_end)),
     ("wall clock", lambda o: f"{o.wall_s:.0f} s"),
 ]
 

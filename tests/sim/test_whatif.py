@@ -198,3 +198,14 @@ def test_a_mass_failure_names_what_is_wrong():
         mass_failure(m, 10, 5, "cosmic")
     with pytest.raises(ValueError, match="between 1 and the fleet's 10 nodes, not 11"):
         mass_failure(m, 10, 11, "memory")
+
+
+@pytest.mark.parametrize("arg,said", [
+    ("70:gsp", "N from 1 to --nodes (60)"),
+    ("gsp", "--mass-failure takes N:CLASS"),
+    ("7:cosmic", "classes.cosmic: no such class (one of faulty_gpu,"),
+])
+def test_the_cli_refuses_a_bad_mass_failure_naming_what_is_wrong(arg, said):
+    run = subprocess.run([sys.executable, "-m", "workers.cli", "whatif", "large-cluster", "--nodes", "60",
+                          "--mass-failure", arg], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert run.returncode == 2 and said in run.stderr, run.stderr
