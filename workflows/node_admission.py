@@ -135,24 +135,19 @@ class NodeAdmission:
         if not (found.exists and found.ours):
             return self._result(Outcome.REJECTED, f"rejected: {found.reason}", 0)
         waited = self._beside_episode_check and await self._wait_for_episode_end(node, cluster, p)
-        if not waited and self._recheck and found.quarantined:
-            # No episode runs, yet the taint was there: an earlier one's hold, a person's to lift
-            # (asked again: an episode that ran at the first check may have returned the node since).
-            found = await self._step(c.KUBE_CHECK_NODE, c.NodeCheckRequest(node=node),
-                                     f"check {node} again: it carried {c.QUARANTINE_TAINT}", c.NodeCheckResult)
+        if self._recheck and (waited or found.quarantined):
+            # Asked again after the episode waited for, or with no episode and the taint there (an
+            # earlier one's hold, a person's to lift: an episode running at the first check may have
+            # returned the node since).
+            after = " after its remediation" if waited else ""
+            found = await self._step(c.KUBE_CHECK_NODE, c.NodeCheckRequest(node=node), f"check {node} again" + (
+                after or f": it carried {c.QUARANTINE_TAINT}"), c.NodeCheckResult)
             if not (found.exists and found.ours):
-                return self._result(Outcome.REJECTED, f"rejected: {found.reason}", 0)
-        if not waited and self._recheck and found.quarantined:
-            return self._result(Outcome.QUARANTINED, f"{node} carries {c.QUARANTINE_TAINT}={found.quarantined} from "
-                                "an earlier episode: held for a person, nothing done", 0)
-        if waited and self._recheck:
-            found = await self._step(c.KUBE_CHECK_NODE, c.NodeCheckRequest(node=node),
-                                     f"check {node} again after its remediation", c.NodeCheckResult)
-            if not (found.exists and found.ours):
-                return self._result(Outcome.REJECTED, f"rejected after its remediation: {found.reason}", 0)
+                return self._result(Outcome.REJECTED, f"rejected{after}: {found.reason}", 0)
             if found.quarantined:
-                return self._result(Outcome.QUARANTINED, f"its remediation left {node} quarantined "
-                                    f"({found.quarantined}) for a person: nothing done", 0)
+                held = (f"its remediation left {node} quarantined ({found.quarantined}) for a person" if waited else
+                        f"{node} carries {c.QUARANTINE_TAINT}={found.quarantined} from an earlier episode: held for a person")
+                return self._result(Outcome.QUARANTINED, f"{held}{': ' if waited else ', '}nothing done", 0)
         summary = f"read {node}'s hardware ids from its own agent"
         try:
             hw = await call(c.NODE_HARDWARE_IDS, c.HardwareIdsRequest(node=node), c.HardwareIdsResult, summary=summary,
