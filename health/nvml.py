@@ -42,6 +42,7 @@ class ProbeResult:
     mig_enabled: list[int] = field(default_factory=list)
     checks: list[str] = field(default_factory=list)
     pcie: list[tuple[int, int]] = field(default_factory=list)  # per GPU: (link's max generation, width)
+    nics: Any = None  # the adapters the NIC probe read (None: it could not)
     inventory: Any = None  # a whole cycle's NodeInventory (policies/baseline.py), when every probe could read
 
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pynvml
 
@@ -83,42 +85,62 @@ def probe_nvml_for(config: ProbeConfig, nv=pynvml) -> ProbeResult:
                       gpus_why=why)
 
 
+@dataclass(frozen=True)
+class Probe:
+    """One probe of the cycle: `run(config, nv)` in a thread under the cycle's timeout, `take`
+    folding what it returned into the cycle's result. A new probe is its module plus one entry
+    in PROBES."""
+
+    name: str
+    run: Callable[[ProbeConfig, Any], Any]
+    take: Callable[[ProbeResult, Any], None]
+
+
+def _take_nvml(snap: ProbeResult, r: ProbeResult) -> None:
+    snap.findings += r.findings
+    snap.gpus, snap.mig_enabled, snap.pcie = r.gpus, r.mig_enabled, r.pcie
+
+
+def _take_nics(snap: ProbeResult, r: tuple[list[Finding], Any]) -> None:
+    snap.findings += r[0]
+    snap.nics = r[1]
+
+
+def _take_findings(snap: ProbeResult, found: list[Finding]) -> None:
+    snap.findings += found
+
+
+PROBES = (
+    Probe("nvml", probe_nvml_for, _take_nvml),
+    Probe("nics", lambda cfg, nv: check_nics(cfg.nics, cfg.sysfs_infiniband, cfg.baseline), _take_nics),
+    Probe("dependencies", lambda cfg, nv: dependency_findings(cfg), _take_findings),
+)
+
+
 def run_cycle(config: ProbeConfig, nv=pynvml, pool: concurrent.futures.Executor | None = None) -> ProbeResult:
     """All probes; one that raises or hangs past its timeout is a probe_broken finding naming it."""
     own = pool is None
-    pool = pool or concurrent.futures.ThreadPoolExecutor(max_workers=3, thread_name_prefix="probe")
-    snap = ProbeResult(checks=["nvml", "nics", "dependencies"])
-    futures = {
-        "nvml": pool.submit(probe_nvml_for, config, nv),
-        "nics": pool.submit(check_nics, config.nics, config.sysfs_infiniband, config.baseline),
-        "dependencies": pool.submit(dependency_findings, config),
-    }
-    nics = None
+    pool = pool or concurrent.futures.ThreadPoolExecutor(max_workers=len(PROBES), thread_name_prefix="probe")
+    snap = ProbeResult(checks=[p.name for p in PROBES])
+    futures = [(probe, pool.submit(probe.run, config, nv)) for probe in PROBES]
     try:
-        for name, fut in futures.items():
+        for probe, fut in futures:
             try:
                 result = fut.result(timeout=config.probe_timeout_s)
             except concurrent.futures.TimeoutError:
                 snap.findings.append(Finding(kind=FindingKind.PROBE_BROKEN,
-                                             message=f"probe {name} hung past {config.probe_timeout_s:g}s"))
+                                             message=f"probe {probe.name} hung past {config.probe_timeout_s:g}s"))
                 continue
             except Exception as err:  # noqa: BLE001 - a crashing probe is a finding, never "healthy"
                 snap.findings.append(Finding(kind=FindingKind.PROBE_BROKEN,
-                                             message=f"probe {name} raised {type(err).__name__}: {err}"))
+                                             message=f"probe {probe.name} raised {type(err).__name__}: {err}"))
                 continue
-            if name == "nvml":
-                snap.findings += result.findings
-                snap.gpus, snap.mig_enabled, snap.pcie = result.gpus, result.mig_enabled, result.pcie
-            elif name == "nics":
-                snap.findings += result[0]
-                nics = result[1]
-            else:
-                snap.findings += result
+            probe.take(snap, result)
     finally:
         if own:
             pool.shutdown(wait=False, cancel_futures=True)
-    if nics is not None and snap.gpus:
-        snap.inventory = NodeInventory(gpus=len(snap.gpus), nics=nics,
+    if snap.nics is not None and snap.gpus:
+        snap.inventory = NodeInventory(gpus=len(snap.gpus), nics=snap.nics,
                                        pcie_generation=min((g for g, _ in snap.pcie), default=None),
                                        pcie_width=min((w for _, w in snap.pcie), default=None))
     return snap
