@@ -48,8 +48,9 @@ def main() -> None:
                f"{out.replacements}; down at the end {out.down_at_end}; p95 back in service {out.p95_return_h} h; "
                f"wall {wall:.0f} s (clock restarts {out.clock_restarts})")
     print(figures)
-    within = out.peak_quarantined <= (out.max_unhealthy or 0)
-    print(("max_unhealthy held" if within else "max_unhealthy EXCEEDED")
+    within = out.max_unhealthy is not None and out.peak_quarantined <= out.max_unhealthy
+    print(("max_unhealthy held" if within else "max_unhealthy unknown" if out.max_unhealthy is None
+           else "max_unhealthy EXCEEDED")
           + ("; every node back" if out.down_at_end == 0 else f"; {out.down_at_end} nodes still out"))
     print(append_result("guard storm", f"{args.failing} of {args.nodes} nodes struck at once ({args.fault_class}), "
                         f"max_unhealthy {args.max_unhealthy}, max_disruptive {args.max_disruptive}, "

@@ -182,7 +182,8 @@ class WhatIfFleet(NodeStandIns, LedgerStandIns):
     async def return_to_service(self, req: c.ReturnToServiceRequest) -> c.ReturnToServiceResult:
         n = self._node(req)
         n.cordoned = n.drained = False
-        self.quarantined.discard(n.name)
+        if c.QUARANTINE_TAINT in req.taint_keys:
+            self.quarantined.discard(n.name)
         if c.UNVALIDATED_TAINT in (req.taint_keys or []):
             n.admitted = True
         await self._changed(n)

@@ -103,6 +103,7 @@ def summarize(fleet: WhatIfFleet, label: str, days: float, workloads: list[Workl
         mttr_h=round(sum(returns) / len(returns), 3) if returns else None, failed_again_7d=books["failed_again_7d"], failed_again_30d=books["failed_again_30d"],
         node_hours_lost_by_phase=books["node_hours_lost_by_phase"], jobs=jobs,
         peak_quarantined=fleet.peak_quarantined, down_at_end=sum(1 for s in fleet.slots if s.node.down()),
-        **({"max_unhealthy": guard.max_unhealthy, "guard_trips": guard.trips, "canaries": guard.canary_history}
+        # A guard that never counted the fleet reports max_unhealthy 0: unknown, not a limit of none.
+        **({"max_unhealthy": guard.max_unhealthy or None, "guard_trips": guard.trips, "canaries": guard.canary_history}
            if guard else {}),
     )

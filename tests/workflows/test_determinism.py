@@ -1,6 +1,6 @@
 """The workflow modules stay deterministic by construction.
 
-The controller passes `workflows` through the sandbox (workers/controller.WORKFLOW_RUNNER: the
+The controller passes `workflows` and `api` through the sandbox (workers/controller.WORKFLOW_RUNNER: the
 per-run re-import was the largest cost of a cold workflow task), so what the re-import and its
 restrictions guarded is checked here instead: no clocks, randomness, sleeps, threads or I/O, and no
 module-level mutable state. The tests' own workers still run the workflows fully sandboxed."""
@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-WORKFLOWS = sorted((Path(__file__).resolve().parents[2] / "workflows").glob("*.py"))
+ROOT = Path(__file__).resolve().parents[2]
+WORKFLOWS = sorted([*(ROOT / "workflows").glob("*.py"), *(ROOT / "api").glob("*.py")])
 FORBIDDEN_MODULES = {"time", "random", "uuid", "os", "subprocess", "socket", "threading", "secrets", "sqlite3",
                      "urllib", "http", "requests", "boto3", "kubernetes", "pynvml"}
 FORBIDDEN_CALLS = {("datetime", "now"), ("datetime", "utcnow"), ("datetime", "today"), ("date", "today"),
@@ -38,7 +39,7 @@ def problems(path: Path) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_workflow_module_has_no_nondeterminism(path):
     assert problems(path) == []
 
