@@ -15,6 +15,7 @@ import queue
 import signal
 import sys
 import time
+from bisect import bisect_left, bisect_right
 from datetime import timedelta
 from pathlib import Path
 
@@ -41,7 +42,8 @@ from workflows.node_remediation import NodeRemediation
 
 BUILTIN_POLICIES = Path(__file__).resolve().parent / "policies"
 TASK_QUEUE = "whatif"
-STALL_S = 150.0  # wall seconds one virtual day may take before the run is called stuck
+STALL_S = 150.0  # wall seconds one virtual day may take before the run is called stuck...
+STALL_PER_FAULT_S = 1.0  # ...and this much more per fault arriving that day (a mass failure's day is long)
 CLOCK_RESTARTS = 2  # a stuck run starts again, same seed, on a fresh server, at most this often
 
 
@@ -125,21 +127,26 @@ async def _simulate_once(model: FaultModel, policy_arg: str, nodes: int, days: f
             # Skipped a day at a time: awaiting the result would skip too, but in steps of the
             # result's long poll, which is slow over weeks.
             end = t0 + timedelta(days=days)
+            arrivals = sorted(f.at_s for f in faults)
             while (now := await env.get_current_time()) < end:
                 if progress:
                     progress((now - t0).total_seconds() / (days * 86400.0))
+                span = min(end - now, timedelta(days=1)) + timedelta(seconds=1)
                 step = SleepRequest()
-                step.duration.FromTimedelta(min(end - now, timedelta(days=1)) + timedelta(seconds=1))
+                step.duration.FromTimedelta(span)
+                at = (now - t0).total_seconds()
+                allowed = STALL_S + STALL_PER_FAULT_S * (bisect_right(arrivals, at + span.total_seconds())
+                                                         - bisect_left(arrivals, at))
                 # Returns once the server's clock has run the step: as long as the day's work takes.
                 sleep = env.client.test_service.unlock_time_skipping_with_sleep(
-                    step, timeout=timedelta(seconds=STALL_S + 60))  # the RPC's own deadline, a backstop
+                    step, timeout=timedelta(seconds=allowed + 60))  # the RPC's own deadline, a backstop
                 try:
-                    await asyncio.wait_for(sleep, STALL_S)
+                    await asyncio.wait_for(sleep, allowed)
                 except TimeoutError:
                     raise ClockStalled(
-                        f"the test server's clock stopped at day {(now - t0).total_seconds() / 86400:.2f} for "
-                        f"{STALL_S:.0f} s: a workflow no longer gets tasks (a timer and a signal at one "
-                        "instant; see sim/whatif/clock.off_grid)") from None
+                        f"the test server's clock stopped at day {at / 86400:.2f} for {allowed:.0f} s: a "
+                        "workflow no longer gets tasks (a timer and a signal at one instant; see "
+                        "sim/whatif/clock.off_grid)") from None
             await handle.result()
             out = summarize(fleet, label, days, list(workloads), await _guard_status(env))
             if count_events:

@@ -95,6 +95,8 @@ async def test_a_run_whose_server_clock_stops_starts_again_with_the_same_figures
         engine.STALL_S = 0.0 if args[-1] == 0 else stall_s
         return await once(*args)
 
+    monkeypatch.setattr(engine, "STALL_PER_FAULT_S", 0.0)
+
     monkeypatch.setattr(engine, "_simulate_once", first_attempt_stuck)
     restarted = await simulate_policy(m, "default", 10, 2, 5)
     assert (plain.clock_restarts, restarted.clock_restarts) == (0, 1)
