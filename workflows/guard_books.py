@@ -70,12 +70,15 @@ class GuardBooks(GuardGates):
             return
         now, new = workflow.now(), self.s.admissions
         self.s.admissions = []
+        # Sets, not scans: under a storm of thousands one pass must stay well inside a workflow task.
+        deferred = {d.holder for d in self.s.deferred}
         for n in new:
-            if self.s.unhealthy.get(n.node) != n.holder and not any(d.holder == n.holder for d in self.s.deferred):
+            if self.s.unhealthy.get(n.node) != n.holder and n.holder not in deferred:
                 self.s.fault_times.append(now)  # counts toward the storm, admitted or not
         still: list[Waiting] = []
+        kept: set[str] = set()
         for w in [*self.s.deferred, *(Waiting(holder=n.holder, node=n.node, since=now) for n in new)]:
-            if any(x.holder == w.holder for x in still):
+            if w.holder in kept:
                 continue
             if self._room_for(w.node, w.holder):
                 self.s.unhealthy[w.node] = w.holder
@@ -86,6 +89,7 @@ class GuardBooks(GuardGates):
                                                    f"max_unhealthy {self.policy.max_unhealthy}"})
                 self._answers.append((w.holder, QuarantineAnswer(admitted=False, reason=w.reason)))
             still.append(w)
+            kept.add(w.holder)
         self.s.deferred = still[:MAX_DEFERRED_KEPT]
 
     def _room_for(self, node: str, holder: str) -> bool:
@@ -96,7 +100,7 @@ class GuardBooks(GuardGates):
             return node in self.s.unhealthy or len(self.s.unhealthy) < limit
         # Its own episode asking again is in already. Any other entry for the node (a taint seen at
         # the last reconcile, maybe lifted since) gives no free room: the others must leave some.
-        return self.s.unhealthy.get(node) == holder or len([n for n in self.s.unhealthy if n != node]) < limit
+        return self.s.unhealthy.get(node) == holder or len(self.s.unhealthy) - (node in self.s.unhealthy) < limit
 
     async def _answer(self) -> None:
         """One pass's answers go out together: awaited one by one, each would cost the guard a
