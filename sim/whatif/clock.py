@@ -7,6 +7,7 @@ event with a workflow timer, so the server skips the quiet time between them.
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import zlib
 from datetime import datetime, timedelta
@@ -55,6 +56,7 @@ class WhatIfClock:
         self._heap: list[tuple[float, int, ClockEvent]] = []
         self._n = 0
         self._woken = False
+        self._timers: list[tuple[float, asyncio.Task]] = []  # wake-up timers still to fire, by due time
 
     def _push(self, ev: ClockEvent) -> None:
         fires = off_grid(ev.at_s, f"{ev.kind}/{ev.slot}/{ev.fault}/{ev.node}/{ev.at_s}")
@@ -88,8 +90,19 @@ class WhatIfClock:
                     "events": [e for _, _, e in sorted(self._heap)], "delivered": delivered}))
             nxt = min(self._heap[0][0] if self._heap else inp.end_s, inp.end_s)
             self._woken = False
-            try:
-                await workflow.wait_condition(lambda: self._woken, timeout=timedelta(seconds=max(nxt - now_s, 0.001)),
-                                              timeout_summary="the next fleet event")
-            except TimeoutError:
-                pass
+            self._arm(nxt, now_s)
+            await workflow.wait_condition(lambda: self._woken)
+
+    def _arm(self, at_s: float, now_s: float) -> None:
+        """A timer for the next event, unless one already fires by then. None is ever cancelled: a
+        signal landing as a timer fires made the time-skipping server refuse the completion that
+        cancelled it, and the clock never got another task (sdk-java#3088; the guard's own fix is
+        guard-steady-recheck). A timer due later than needed wakes the loop once more, for nothing."""
+        self._timers = [(at, t) for at, t in self._timers if not t.done()]
+        if any(at <= at_s for at, _ in self._timers):
+            return
+        self._timers.append((at_s, asyncio.create_task(self._wake_after(max(at_s - now_s, 0.001)))))
+
+    async def _wake_after(self, seconds: float) -> None:
+        await workflow.sleep(timedelta(seconds=seconds), summary="the next fleet event")
+        self._woken = True
