@@ -4,6 +4,8 @@ server's workflow task for good: sdk-java#3088)."""
 
 from __future__ import annotations
 
+import asyncio
+
 from temporalio import activity
 from temporalio.api.enums.v1 import EventType
 from temporalio.worker import Worker
@@ -24,6 +26,10 @@ async def test_signalled_events_arrive_in_order_and_no_timer_is_cancelled(ts_env
                                                   ClockEvent(at_s=1800, kind="fault", slot=2)])
     async with Worker(ts_env.client, task_queue=uniq, workflows=[WhatIfClock], activities=[deliver]):
         handle = await ts_env.client.start_workflow(WhatIfClock.run, start, id=f"clock-{uniq}", task_queue=uniq)
+        # Signalled only once the clock waits on its first timer: a signal in before that would
+        # meet no timer to cancel, and the old clock would pass too.
+        while EventType.EVENT_TYPE_TIMER_STARTED not in [e.event_type async for e in handle.fetch_history_events()]:
+            await asyncio.sleep(0.05)
         # Earlier than the armed timer (a second timer, the first left to fire), and later.
         await handle.signal(WhatIfClock.schedule, ClockEvent(at_s=300, kind="boot", slot=3, node="a"))
         await handle.signal(WhatIfClock.schedule, ClockEvent(at_s=900, kind="ready", slot=4, node="b"))
