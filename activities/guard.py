@@ -12,6 +12,9 @@ from temporalio.service import RPCError, RPCStatusCode
 
 import api as c
 
+SIGNAL_TRIES = 3
+SIGNAL_RETRY_S = 0.2
+
 
 class GuardActivities:
     def __init__(self, client: Client):
@@ -21,16 +24,26 @@ class GuardActivities:
     async def signal_guard(self, req: c.GuardSignalRequest) -> None:
         # USE_EXISTING makes this idempotent: a retry signals the running guard again, and the
         # guard's handlers dedupe by holder.
-        await self.client.start_workflow(
-            c.GUARD_WORKFLOW,
-            {"cluster": req.cluster, "policy": req.guard.model_dump(mode="json")},
-            id=c.guard_workflow_id(req.cluster),
-            task_queue=req.task_queue,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-            start_signal=req.signal,
-            start_signal_args=[req.payload],
-            static_summary=f"Disruption budget and storm breaker for cluster {req.cluster}",
-        )
+        for attempt in range(1, SIGNAL_TRIES + 1):
+            try:
+                await self.client.start_workflow(
+                    c.GUARD_WORKFLOW,
+                    {"cluster": req.cluster, "policy": req.guard.model_dump(mode="json")},
+                    id=c.guard_workflow_id(req.cluster),
+                    task_queue=req.task_queue,
+                    id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                    start_signal=req.signal,
+                    start_signal_args=[req.payload],
+                    static_summary=f"Disruption budget and storm breaker for cluster {req.cluster}",
+                )
+                return
+            except RPCError as err:
+                # The time-skipping server answers NOT_FOUND "Completed workflow" to a guard caught
+                # between runs (continuing as new); a moment later the new run takes it. Anything
+                # else, or a NOT_FOUND that lasts, fails the activity for its own retry.
+                if err.status != RPCStatusCode.NOT_FOUND or attempt == SIGNAL_TRIES:
+                    raise
+                await asyncio.sleep(SIGNAL_RETRY_S * attempt)
 
     @activity.defn(name=c.GUARD_LIVE_HOLDERS)
     async def live_holders(self, req: c.LiveHoldersRequest) -> c.LiveHoldersResult:
