@@ -88,6 +88,11 @@ HOLD_RECHECK_FIRST, HOLD_RECHECK_MAX = timedelta(minutes=5), timedelta(hours=1)
 ISSUE22_REDTEAM_PATCHES = (PATCH_HOLD_UNCHECKED, PATCH_AGENT_GPUS, PATCH_CLOSE_BARRIER, PATCH_CHECK_REPORT_BOOT, PATCH_PAUSE_BEFORE_DRAIN, PATCH_REBOOT_DOUBT,
                            PATCH_FIRST_REPORT_DEADLINE, PATCH_GRANT_NEEDS_ID, PATCH_FAILED_ACTION_NO_REPLACE,
                            PATCH_REPLACE_ON_AGENT_RECURRENCE, PATCH_IMPLICATE_PLATFORM_ONLY)
+# workflow.patched id: an episode the guard did not answer within admission_timeout tells it the node
+# is quarantined (a plain fault notice, counted at once) before it cordons anyway: uncounted, a storm's
+# timed-out cordons left room in the books that the guard then gave to others (guard storm, 2,000 of
+# 10,000 nodes: 1,589 quarantined against max_unhealthy 1,000).
+PATCH_COUNTED_BEFORE_CORDON = "counted-before-cordon"
 MAX_ACTIONS_KEPT = 200
 MAX_SEQ_SENDERS_KEPT = 32
 MAX_RUN_IDS_KEPT = 50

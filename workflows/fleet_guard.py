@@ -39,6 +39,7 @@ with workflow.unsafe.imports_passed_through():
         LEFT_QUARANTINE,
         OLD_BEHAVIOUR,
         PATCH_GUARD_CHECK_BEFORE_NEW_RUN,
+        PATCH_GUARD_GRANTS_TOGETHER,
         PATCH_GUARD_IDLE_RECHECK,
         PATCH_GUARD_NEVER_WEDGED,
         PATCH_GUARD_ORDERED_NEWS,
@@ -73,6 +74,7 @@ class FleetGuard(GuardBooks):
         self._room_counts_others = workflow.patched(PATCH_GUARD_ROOM_COUNTS_OTHERS)
         self._ordered_news = workflow.patched(PATCH_GUARD_ORDERED_NEWS)
         self._check_before_new_run = workflow.patched(PATCH_GUARD_CHECK_BEFORE_NEW_RUN)
+        self._grants_together = workflow.patched(PATCH_GUARD_GRANTS_TOGETHER)
         self._rechecks: list[tuple[datetime, asyncio.Task]] = []  # re-check timers still to fire, by due time
         self._holder_check = None
         self._upgrade = False
@@ -257,8 +259,12 @@ class FleetGuard(GuardBooks):
     async def _grant(self) -> None:
         if self._learning() and not self._forced():
             return  # no lease before the guard knows who holds one
+        grants: list[tuple[str, str]] = []
         for holder in sorted(self._regrant):
-            await self._signal_grant(holder, self._regrant_ids.pop(holder, ""))
+            if self._grants_together:
+                grants.append((holder, self._regrant_ids.pop(holder, "")))
+            else:
+                await self._signal_grant(holder, self._regrant_ids.pop(holder, ""))
         self._regrant.clear()
         while self.s.waiters and len(self.s.holders) < self._budget():
             req = self.s.waiters.pop(0)
@@ -270,7 +276,11 @@ class FleetGuard(GuardBooks):
             self.s.max_seen_holders = max(self.s.max_seen_holders, len(self.s.holders))
             if self.s.forced is not None and self.s.forced.leases > 0:
                 self.s.forced = self.s.forced.model_copy(update={"leases": self.s.forced.leases - 1})
-            await self._signal_grant(req.holder, req.request_id)
+            if self._grants_together:
+                grants.append((req.holder, req.request_id))
+            else:
+                await self._signal_grant(req.holder, req.request_id)
+        await asyncio.gather(*(self._signal_grant(h, r) for h, r in grants))
         workflow.set_current_details(self._details())
 
     async def _signal_grant(self, holder: str, request_id: str = "") -> None:

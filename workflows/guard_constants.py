@@ -37,6 +37,10 @@ PATCH_GUARD_ORDERED_NEWS = "guard-stale-news"
 # scheduled in the same task, was abandoned with its result (whatif at 10,000 nodes: the test
 # server's clock then stood still, the guard continuing as new every few hundred events).
 PATCH_GUARD_CHECK_BEFORE_NEW_RUN = "guard-check-before-new-run"
+# workflow.patched id: one pass's grants are signalled together, not one awaited signal (one
+# workflow task) each: a storm's first pass of hundreds of grants held every quarantine answer back
+# for as many tasks, past the episodes' admission_timeout (guard storm, 2,000 of 10,000 nodes).
+PATCH_GUARD_GRANTS_TOGETHER = "guard-grants-together"
 # workflow.patched id: a guard run started before guard-never-wedged continues as new when the
 # controller asks (the `upgrade` update, sent at controller start), so it meets the new behaviour
 # (issue 22: 11).

@@ -18,6 +18,7 @@ with workflow.unsafe.imports_passed_through():
     from policies.durations import format_duration
     from workflows.episode import Episode
     from workflows.episode_constants import (
+        PATCH_COUNTED_BEFORE_CORDON,
         PATCH_GRANT_NEEDS_ID,
         PATCH_LEASE_REQUEST_IDS,
         PATCH_PAUSE_BEFORE_DRAIN,
@@ -91,8 +92,14 @@ class GuardClient(Episode):
             await workflow.wait_condition(lambda: done() or self.s.admission == GuardAnswer.DEFERRED, timeout=timeout,
                                           timeout_summary=f"the fleet guard's answer for {self.node}")
         except TimeoutError:
+            counted = workflow.patched(PATCH_COUNTED_BEFORE_CORDON)
+            if counted:
+                # Told before the cordon, as a fault the guard counts at once: a slow guard's books
+                # must hold this node, or it admits others into room this one already took.
+                await self._signal_guard(GUARD_SIGNAL_FAULT, self._fault_notice(), started=True)
             self._record("quarantine", f"no answer from the fleet guard for {self.node}", False,
-                         f"none within {timeout}: cordoning anyway (a bad node is not left in service)")
+                         f"none within {timeout}: cordoning anyway (a bad node is not left in service)"
+                         + ("; the guard counts it quarantined" if counted else ""))
             self.s.admission = GuardAnswer.ADMITTED
             return True
         if self.s.admission == GuardAnswer.DEFERRED and not done():

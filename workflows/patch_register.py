@@ -76,6 +76,7 @@ PATCHES = MappingProxyType({p.id: p for p in (
     Patch("outcome-ledger", (EPISODE,), "issue 26"),
     Patch("suspect-load-test", (EPISODE,), "validation under load"),
     Patch("validation-under-load", (EPISODE, ADMISSION), "validation under load"),
+    Patch("counted-before-cordon", (EPISODE,), "issue 25, guard storm at 10,000 nodes"),
     Patch("admission-trusted", (ADMISSION,), "issue 22: 3"),
     Patch("admission-not-beside-episode", (ADMISSION,), "issue 22"),
     Patch("admission-recheck-after-episode", (ADMISSION,), "issue 22, safety soak seed 669"),
@@ -88,5 +89,6 @@ PATCHES = MappingProxyType({p.id: p for p in (
     Patch("guard-room-counts-others", (GUARD,), "issue 22, safety soak seed 791"),
     Patch("guard-stale-news", (GUARD,), "issue 22, safety soak seed 1723"),
     Patch("guard-check-before-new-run", (GUARD,), "issue 25, whatif at 10,000 nodes"),
+    Patch("guard-grants-together", (GUARD,), "issue 25, guard storm at 10,000 nodes"),
     Patch("guard-upgrade", (GUARD,), "issue 22: 11"),
 )})

@@ -7,6 +7,9 @@ from __future__ import annotations
 import asyncio
 from datetime import timedelta
 
+from temporalio.worker import Worker
+
+from api.guard import GuardInput, GuardState
 from api.names import guard_workflow_id
 from policies.loader import default_policy
 from tests.workflows.fake_node import FakeNode
@@ -15,6 +18,7 @@ from tests.workflows.test_node_remediation import wait_for
 from workers.controller import tell_guard_the_policy
 from workers.operator import lift_gates
 from workflows.fleet_guard import FleetGuard
+from workflows.node_remediation import NodeRemediation
 
 
 def quick_policy():
@@ -219,3 +223,38 @@ async def test_messages_wake_the_guard_without_cancelling_its_recheck_timer(dev_
     assert kinds.count("timer_fired_event_attributes") >= 1, "the re-check timer never fired"
     started = kinds.count("timer_started_event_attributes")
     assert started < signals / 2, f"{started} timers for {signals} messages: one per message again"
+
+
+async def test_a_cordon_the_guard_did_not_answer_in_time_is_counted_before_others_are_admitted(dev_env, uniq):
+    """Two faults with room for one, and a guard too slow to answer either within admission_timeout:
+    both cordon anyway, and each tells the guard first, so its books count both. Uncounted, the
+    second (deferred once the guard got to it) left room the guard gave to the next fault."""
+    policy = quick_policy()
+    policy.guard.max_unhealthy, policy.guard.admission_timeout = 1, timedelta(seconds=1)
+    policy.guard.holder_check_interval = timedelta(hours=1)  # no reconcile with the taints meanwhile
+    fleet = fleet_of(dev_env, uniq, policy)
+    first = fleet.add(FakeNode(f"first-{uniq}", [xid(48)], cured_by="reset"))
+    second = fleet.add(FakeNode(f"second-{uniq}", [xid(48)], cured_by="reset"))
+    slow = f"slow-guard-{uniq}"  # no worker yet: the guard takes messages and answers none
+    await dev_env.client.start_workflow(FleetGuard.run, GuardInput(cluster=fleet.cluster, policy=policy.guard,
+                                        state=GuardState(fleet_size=10)),
+                                        id=guard_workflow_id(fleet.cluster), task_queue=slow)
+    async with fleet.workers():
+        handles = [await fleet.report(first.name), await fleet.report(second.name)]
+
+        async def both_cordoned() -> bool:
+            return first.cordoned and second.cordoned
+
+        await wait_for(both_cordoned, timeout=20)
+        async with Worker(dev_env.client, task_queue=slow, workflows=[FleetGuard], activities=fleet.activities()):
+
+            async def answered() -> bool:
+                st = await guard_status(fleet)
+                return not st.deferred and first.name in st.unhealthy
+
+            await wait_for(answered, timeout=20)
+            st = await guard_status(fleet)
+            assert {first.name, second.name} <= set(st.unhealthy), "every cordoned node is counted"
+        for h in handles:
+            actions = (await h.query(NodeRemediation.status)).actions
+            assert any("the guard counts it quarantined" in (a.detail or "") for a in actions), actions
