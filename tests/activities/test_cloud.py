@@ -1,57 +1,15 @@
 """Cloud activities against moto's server mode, with nodes in the fake Kubernetes API server."""
 
-from datetime import UTC, datetime, timedelta
 
 import pytest
-from botocore.exceptions import ClientError
-from kubernetes import client
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 import api as c
-from activities.cloud import CloudActivities
 from activities.kube import KubeActivities
 from activities.providers.aws import (
-    REBOOT_AT_TAG,
-    REBOOT_FROM_TAG,
-    REBOOT_KEY_TAG,
-    REBOOT_STATE_TAG,
     instance_id_from_provider_id,
 )
-from sim.fake_kube import FakeKubeServer
-
-OWNED = [{"Key": "gpuheal.io/managed", "Value": "true"}]
-
-
-@pytest.fixture
-def cloud(aws):
-    server = FakeKubeServer().start()
-    api = server.api_client()
-    ec2, asg, ssm = aws("ec2"), aws("autoscaling"), aws("ssm")
-    ami = ec2.describe_images()["Images"][0]["ImageId"]
-
-    def instance(node: str, tags=OWNED, in_asg: bool = False) -> str:
-        if in_asg:
-            ec2.create_launch_template(LaunchTemplateName=f"lt-{node}", LaunchTemplateData={"ImageId": ami,
-                                                                                           "InstanceType": "p5.48xlarge"})
-            asg.create_auto_scaling_group(AutoScalingGroupName=f"asg-{node}", MinSize=1, MaxSize=2, DesiredCapacity=1,
-                                          LaunchTemplate={"LaunchTemplateName": f"lt-{node}"},
-                                          AvailabilityZones=["us-east-1a"],
-                                          Tags=[{"Key": t["Key"], "Value": t["Value"], "PropagateAtLaunch": True}
-                                                for t in tags])
-            iid = asg.describe_auto_scaling_groups(AutoScalingGroupNames=[f"asg-{node}"])[
-                "AutoScalingGroups"][0]["Instances"][0]["InstanceId"]
-        else:
-            iid = ec2.run_instances(ImageId=ami, MinCount=1, MaxCount=1, InstanceType="p5.48xlarge",
-                                    Placement={"AvailabilityZone": "us-east-1a"},
-                                    TagSpecifications=[{"ResourceType": "instance", "Tags": tags}] if tags else [])[
-                "Instances"][0]["InstanceId"]
-        server.kube.add_node(node, provider_id=f"aws:///us-east-1a/{iid}")
-        return iid
-
-    yield CloudActivities.aws(ec2, asg, ssm, client.CoreV1Api(api)), instance, ec2, asg, server.kube
-    api.close()
-    server.stop()
 
 
 def run(fn, *args):
@@ -66,71 +24,6 @@ def test_provider_id_parsing():
     assert instance_id_from_provider_id("aws:///us-east-1a/i-0123abcd") == "i-0123abcd"
     with pytest.raises(ApplicationError):
         instance_id_from_provider_id("gce://x/y")
-
-
-async def test_reboot_once_per_key(cloud):
-    acts, instance, ec2, _, _ = cloud
-    iid = instance("n1")
-    first = await run(acts.reboot, c.RebootRequest(node="n1", idempotency_key="ep1/reboot/1"))
-    assert first.rebooted and first.instance_id == iid
-    again = await run(acts.reboot, c.RebootRequest(node="n1", idempotency_key="ep1/reboot/1"))
-    assert not again.rebooted, "a retried activity must not reboot twice"
-    tags = {t["Key"]: t["Value"] for t in ec2.describe_tags(Filters=[{"Name": "resource-id", "Values": [iid]}])["Tags"]}
-    assert tags[REBOOT_STATE_TAG] == "sent"
-    assert (await run(acts.reboot, c.RebootRequest(node="n1", idempotency_key="ep1/reboot/2"))).rebooted
-
-
-def cut_off_after_pending(ec2, kube, iid: str, node: str) -> None:
-    """What an attempt leaves when it dies right after tagging its reboot pending (from boot-a)."""
-    kube.set_boot_id(node, "boot-a")
-    ec2.create_tags(Resources=[iid], Tags=[{"Key": REBOOT_KEY_TAG, "Value": "ep1/reboot/1"},
-                                           {"Key": REBOOT_STATE_TAG, "Value": "pending"},
-                                           {"Key": REBOOT_FROM_TAG, "Value": "boot-a"}])
-
-
-def count_reboots(ec2) -> list:
-    sent = []
-    ec2.meta.events.register("provide-client-params.ec2.RebootInstances", lambda params, **kw: sent.append(params["InstanceIds"]))
-    return sent
-
-
-async def test_reboot_cut_off_before_marked_sent_is_not_sent_again(cloud):
-    """A controller killed between RebootInstances and the `sent` tag: the retry sees the node's
-    new boot id and marks the reboot sent instead of rebooting again."""
-    acts, instance, ec2, _, kube = cloud
-    iid = instance("n1")
-    cut_off_after_pending(ec2, kube, iid, "n1")
-    kube.set_boot_id("n1", "boot-b")  # the reboot that attempt sent has happened
-    sent = count_reboots(ec2)
-    r = await run(acts.reboot, c.RebootRequest(node="n1", idempotency_key="ep1/reboot/1"))
-    assert r.rebooted and sent == []
-    tags = {t["Key"]: t["Value"] for t in ec2.describe_tags(Filters=[{"Name": "resource-id", "Values": [iid]}])["Tags"]}
-    assert tags[REBOOT_STATE_TAG] == "sent"
-
-
-async def test_reboot_pending_without_a_sign_is_sent(cloud):
-    """Cut off before the reboot went out: no new boot id, still Ready: it is sent now, once."""
-    acts, instance, ec2, _, kube = cloud
-    iid = instance("n1")
-    cut_off_after_pending(ec2, kube, iid, "n1")
-    sent = count_reboots(ec2)
-    r = await run(acts.reboot, c.RebootRequest(node="n1", idempotency_key="ep1/reboot/1"))
-    assert r.rebooted and sent == [[iid]]
-    again = await run(acts.reboot, c.RebootRequest(node="n1", idempotency_key="ep1/reboot/1"))
-    assert not again.rebooted and sent == [[iid]]
-
-
-async def test_hung_node_with_pending_reboot_is_rebooted(cloud):
-    """NotReady is no proof the pending reboot went out (a hung node is NotReady too): with the
-    boot id unchanged, the reboot is sent."""
-    acts, instance, ec2, _, kube = cloud
-    iid = instance("n1")
-    cut_off_after_pending(ec2, kube, iid, "n1")
-    kube.set_node_ready("n1", False)
-    sent = count_reboots(ec2)
-    r = await run(acts.reboot, c.RebootRequest(node="n1", idempotency_key="ep1/reboot/1"))
-    assert r.rebooted and sent == [[iid]]
-    assert r.from_boot == "boot-a", "the kubelet's boot id it rebooted from, to tell a reboot that happened"
 
 
 async def test_unowned_instance_is_refused(cloud):
@@ -219,15 +112,6 @@ async def test_missing_node_is_node_gone(cloud):
     assert err.value.type == "NodeGone"
 
 
-async def test_boot_id_from_kubelet_then_ssm(cloud):
-    acts, instance, _, _, kube = cloud
-    instance("n7")
-    # moto's SSM reports Success with empty output: no boot id known, and it says so.
-    assert await run(acts.boot_id, c.BootIdRequest(node="n7")) is None
-    kube.set_boot_id("n7", "boot-k")
-    assert await run(acts.boot_id, c.BootIdRequest(node="n7")) == "boot-k"
-
-
 async def test_karpenter_replacement_checks_ownership_before_deleting_the_node(cloud):
     acts, instance, _, _, kube = cloud
     instance("n8", tags=[{"Key": "team", "Value": "someone-else"}])
@@ -270,36 +154,3 @@ async def test_replace_behind_a_lifecycle_hook_is_under_way(cloud):
     assert (r.action, r.lifecycle_state) == ("asg", "Terminating:Wait") and state(ec2, iid) == "running"
     again = await run(acts.replace, c.ReplaceRequest(node="n9", idempotency_key="k"))
     assert again.lifecycle_state == "Terminating:Wait"
-
-
-async def test_pending_reboot_is_not_sent_again_within_the_boot_window(cloud):
-    """A reboot that may have gone out 2 minutes ago shows no new boot yet (GPU servers take many
-    minutes): it is not sent again within the policy's boot window; past it, it is (defect 13)."""
-    acts, instance, ec2, _, kube = cloud
-    iid = instance("n1")
-    cut_off_after_pending(ec2, kube, iid, "n1")
-    asked = (datetime.now(UTC) - timedelta(minutes=2)).isoformat(timespec="seconds")
-    ec2.create_tags(Resources=[iid], Tags=[{"Key": REBOOT_AT_TAG, "Value": asked}])
-    sent = count_reboots(ec2)
-    r = await run(acts.reboot, c.RebootRequest(node="n1", idempotency_key="ep1/reboot/1", boot_wait_s=900))
-    assert r.rebooted and r.from_boot == "boot-a" and sent == [], "not re-sent 2 min into a 15 min boot"
-    r = await run(acts.reboot, c.RebootRequest(node="n1", idempotency_key="ep1/reboot/1", boot_wait_s=60))
-    assert r.rebooted and sent == [[iid]], "past the boot window with no new boot: sent"
-
-
-async def test_refused_reboot_is_sent_on_retry(cloud):
-    """RebootInstances refused (throttled): nothing went out, so the retry sends it at once."""
-    acts, instance, ec2, _, _ = cloud
-    instance("n1")
-    calls = []
-
-    def refuse_once(params, **kw):
-        calls.append(params["InstanceIds"])
-        if len(calls) == 1:
-            raise ClientError({"Error": {"Code": "RequestLimitExceeded", "Message": "slow down"}}, "RebootInstances")
-
-    ec2.meta.events.register("provide-client-params.ec2.RebootInstances", refuse_once)
-    with pytest.raises(ClientError):
-        await run(acts.reboot, c.RebootRequest(node="n1", idempotency_key="ep1/reboot/1", boot_wait_s=900))
-    r = await run(acts.reboot, c.RebootRequest(node="n1", idempotency_key="ep1/reboot/1", boot_wait_s=900))
-    assert r.rebooted and len(calls) == 2

@@ -1,15 +1,12 @@
-"""NodeRemediation on the time-skipping server: each ladder path, the operator updates, bad input."""
+"""NodeRemediation on the time-skipping server: each ladder path, bad input, the budget, continue-as-new
+(the operator's updates: test_operator_steering.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from datetime import timedelta
 
-import pytest
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import WorkflowUpdateFailedError
-from temporalio.service import RPCError
 
 from api.episode import RemediationResult
 from api.names import guard_workflow_id
@@ -128,81 +125,6 @@ async def test_recurrence_in_probation_escalates(ts_env, uniq):
     assert result.rungs == ["reset", "reboot"]
     assert result.outcome == "returned"
     assert result.validations == 4
-
-
-async def test_approval_gate_times_out_to_awaiting_approval(ts_env, uniq):
-    policy = default_policy()
-    policy.ladder.reboot.requires_approval = True
-    policy.ladder.reboot.approval_timeout = timedelta(hours=2)
-    fleet = make_fleet(ts_env, uniq, policy)
-    n = fleet.add(FakeNode(f"appr-{uniq}", [xid(79)], cured_by="reboot"))
-    async with fleet.workers():
-        result = await run_node(fleet, n)
-    assert result.outcome == "awaiting_approval"
-    assert result.rungs == []
-    assert n.cordoned, "a node awaiting approval stays quarantined"
-
-
-async def test_approval_granted_proceeds(ts_env, uniq):
-    policy = default_policy()
-    policy.ladder.reboot.requires_approval = True
-    fleet = make_fleet(ts_env, uniq, policy)
-    n = fleet.add(FakeNode(f"apok-{uniq}", [xid(79)], cured_by="reboot"))
-    async with fleet.workers():
-        handle = await fleet.report(n.name)
-        with pytest.raises(WorkflowUpdateFailedError):
-            await handle.execute_update(NodeRemediation.resume)
-
-        async def awaiting():
-            return (await handle.query(NodeRemediation.status)).awaiting_approval == "reboot"
-
-        await wait_for(awaiting)
-        await handle.execute_update(NodeRemediation.approve, "reboot")
-        result = await handle.result()
-    assert (result.outcome, result.rungs) == ("returned", ["reboot"])
-
-
-async def test_pause_holds_actions_until_resume(ts_env, uniq):
-    fleet = make_fleet(ts_env, uniq)
-    async with held_after_drain(fleet, FakeNode(f"pause-{uniq}", [xid(48)], cured_by="reset",
-                                                hold=asyncio.Event())) as (handle, n):
-        status = await handle.execute_update(NodeRemediation.pause, "maintenance window")
-        assert status.paused
-        n.hold.set()
-        await asyncio.sleep(1.0)
-        assert "node.reset_gpu" not in n.calls, "no action while paused"
-        with pytest.raises(WorkflowUpdateFailedError):
-            await handle.execute_update(NodeRemediation.approve)
-        await handle.execute_update(NodeRemediation.resume)
-        result = await handle.result()
-    assert (result.outcome, result.rungs) == ("returned", ["reset"])
-
-
-async def test_skip_to_replace(ts_env, uniq):
-    fleet = make_fleet(ts_env, uniq)
-    async with held_after_drain(fleet, FakeNode(f"skip-{uniq}", [xid(79)], cured_by="reboot",
-                                                hold=asyncio.Event())) as (handle, n):
-        with pytest.raises(WorkflowUpdateFailedError) as rejected:
-            await handle.execute_update(NodeRemediation.skip_to, "explode")
-        assert "unknown rung 'explode'" in str(rejected.value.cause)
-        await handle.execute_update(NodeRemediation.skip_to, "replace")
-        n.hold.set()
-        result = await handle.result()
-    assert (result.outcome, result.rungs) == ("replaced", ["replace"])
-    assert "cloud.reboot" not in n.calls
-
-
-async def test_cancel_leaves_node_quarantined(ts_env, uniq):
-    fleet = make_fleet(ts_env, uniq)
-    async with held_after_drain(fleet, FakeNode(f"cancel-{uniq}", [xid(79)], cured_by="reboot",
-                                                hold=asyncio.Event())) as (handle, n):
-        await handle.execute_update(NodeRemediation.cancel, "hands-on repair")
-        n.hold.set()
-        result = await handle.result()
-        with pytest.raises((WorkflowUpdateFailedError, RPCError)):
-            await handle.execute_update(NodeRemediation.cancel, "again")
-    assert result.outcome == "quarantined" and "hands-on repair" in result.reason
-    assert n.cordoned and "cloud.reboot" not in n.calls
 
 
 async def test_bad_foreign_stale_and_duplicate_reports_are_rejected(ts_env, uniq):
