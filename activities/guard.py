@@ -1,4 +1,5 @@
-"""Temporal-side effects for the fleet guard: signal-with-start it, and check lease holders exist."""
+"""Temporal-side effects for the fleet guard: signal-with-start it, check lease holders exist, and
+hand out the quarantine room it reserved ahead for this controller."""
 
 from __future__ import annotations
 
@@ -11,14 +12,21 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError, RPCStatusCode
 
 import api as c
+from activities.room_pool import RoomPool
 
 SIGNAL_TRIES = 3
 SIGNAL_RETRY_S = 0.2
 
 
 class GuardActivities:
-    def __init__(self, client: Client):
+    def __init__(self, client: Client, room: RoomPool | None = None):
         self.client = client
+        self.room = room  # None: no room reserved ahead, every cordon asks the guard
+
+    @activity.defn(name=c.GUARD_TAKE_ROOM)
+    async def take_room(self, req: c.TakeRoomRequest) -> str:
+        """A local activity: a slot the guard reserved for this controller, or "" (ask the guard)."""
+        return self.room.take(req.cluster, req.now) if self.room is not None else ""
 
     @activity.defn(name=c.GUARD_SIGNAL)
     async def signal_guard(self, req: c.GuardSignalRequest) -> None:

@@ -121,6 +121,7 @@ class RemediationState(BaseModel):
     policy_sha256: str = ""
     admission: GuardAnswer = Field(default=GuardAnswer.NOT_ASKED, description="The guard's answer on quarantine.")
     admission_reason: str = ""
+    room_token: str = Field(default="", description="The slot the guard reserved ahead that this cordon took (no round trip).")
     held: str = Field(default="", description="Why the node is held for a person (an earlier episode left it quarantined).")
     held_unchecked: int = Field(default=0, description="Checks of the node the API server did not answer while held "
                                                        "(hold-when-unchecked): the re-check timer doubles with each.")

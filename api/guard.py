@@ -83,6 +83,8 @@ class FaultNotice(BaseModel):
     admission: bool = Field(default=False, description="Asks before cordoning: admitted, or deferred with a reason.")
     sent_at: datetime | None = Field(default=None, description="The sender's workflow clock: a healthy notice older "
                                      "than the guard's latest news of the node is stale (a duplicate, or late).")
+    room_token: str = Field(default="", description="The node was cordoned in room the guard had reserved ahead "
+                            "(this token): counted at once, with no answer.")
 
 
 class QuarantineAnswer(BaseModel):
@@ -111,6 +113,39 @@ class GateRelease(BaseModel):
     leases: int = Field(default=0, ge=0)
     until: datetime | None = None
     by: str = ""
+
+
+class RoomToken(BaseModel):
+    """One quarantine slot reserved ahead for a controller: counted against max_unhealthy from the
+    moment it is reserved until the episode that takes it reports its node, or it expires."""
+
+    controller: str
+    expires: datetime
+
+
+class RoomRequest(BaseModel):
+    """A controller's room pool to its guard: reserve up to `want` more slots, renew the unused ones it
+    keeps, give back `returned`. A slot handed out is not renewed: its episode's notice arrives well
+    within the ttl, and one whose notice never comes (a retried workflow task took another) lapses."""
+
+    controller: str
+    want: int = Field(default=0, ge=0)
+    keep: list[str] = Field(default_factory=list)
+    returned: list[str] = Field(default_factory=list)
+
+
+class RoomGrant(BaseModel):
+    new: list[str] = Field(default_factory=list, description="Slots reserved by this request.")
+    held: list[str] = Field(default_factory=list, description="The unused slots this controller keeps, renewed, and "
+                            "the new ones; one it kept and is not here lapsed or is unknown to this guard.")
+    expires: datetime | None = Field(default=None, description="On the guard's clock; the pool hands a slot out "
+                                     "only while at least half the ttl is left, for the episode's notice to arrive.")
+    ttl_s: float = 0.0
+
+
+class TakeRoomRequest(BaseModel):
+    cluster: str
+    now: datetime = Field(description="The episode's workflow clock: the guard's clock, on the same server.")
 
 
 class GuardState(BaseModel):
@@ -145,6 +180,8 @@ class GuardState(BaseModel):
                                          f"guard's latest message about it (the newest {MAX_NEWS_KEPT} nodes).")
     released: dict[str, str] = Field(default_factory=dict, description="holder -> the request id of the lease it "
                                      f"gave back last (the newest {MAX_RELEASED_KEPT}): that request again is stale.")
+    room: dict[str, RoomToken] = Field(default_factory=dict, description="Quarantine slots reserved ahead for "
+                                       "controllers, by token: counted as quarantined until taken or expired.")
 
 
 class GuardInput(BaseModel):
@@ -182,3 +219,5 @@ class GuardStatus(BaseModel):
     policy: GuardPolicy | None = None
     policy_changes: list[str] = Field(default_factory=list)
     behaviour: str = Field(default="", description="Why this run keeps older behaviour, if it does.")
+    room_reserved: dict[str, int] = Field(default_factory=dict, description="Quarantine slots reserved ahead, by "
+                                          "controller (counted against max_unhealthy).")

@@ -32,6 +32,7 @@ GUARD_SIGNAL = "guard.signal"
 GUARD_LIVE_HOLDERS = "guard.live_holders"
 GUARD_RUNNING_EPISODES = "guard.running_episodes"
 GUARD_RUNNING_HOLDERS = "guard.running_holders"
+GUARD_TAKE_ROOM = "guard.take_room"  # local: a quarantine slot the guard reserved ahead for this controller
 POLICY_CURRENT = "policy.current"
 
 DEFAULT_TASK_QUEUE = "gpuheal"  # the controller's queue: workflows and cluster-side activities
@@ -140,4 +141,5 @@ HOLDER_SIGNAL_QUARANTINE = "quarantine_answer"
 EPISODE_SIGNAL_REPORT = "report"
 STATUS_QUERY = "status"  # NodeRemediation's and FleetGuard's
 EPISODE_UPDATES = ("pause", "resume", "approve", "skip_to", "cancel", "lift")
-GUARD_UPDATES = ("pause", "resume", "release_gate", "set_policy", "upgrade")
+GUARD_UPDATE_RESERVE_ROOM = "reserve_room"  # a controller's room pool: reserve, renew, give back
+GUARD_UPDATES = ("pause", "resume", "release_gate", "set_policy", "upgrade", GUARD_UPDATE_RESERVE_ROOM)

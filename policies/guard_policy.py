@@ -38,6 +38,14 @@ class GuardPolicy(Strict):
         default=True,
         description="A new fault that would put more than max_unhealthy nodes in quarantine waits uncordoned, recorded with the reason, until there is room: a detector bug must not cordon the whole fleet.",
     )
+    room_ahead: int = Field(
+        default=16, ge=0,
+        description="Quarantine slots the guard reserves ahead for each controller process while there is room under max_unhealthy: a cordon in a reserved slot needs no round trip to the guard (counted from the moment it is reserved). 0: every cordon asks the guard first.",
+    )
+    room_ttl: Duration = Field(
+        default=timedelta(minutes=10),
+        description="A reserved slot lapses this long after its controller last renewed it (a controller that died gives its room back); a controller hands a slot out only while half of this is left.",
+    )
     admission_timeout: Duration = Field(
         default=timedelta(seconds=30),
         description="How long an episode waits for the guard's answer before it cordons anyway (the guard cannot answer).",

@@ -228,7 +228,7 @@ class Policy(Strict):
 
 ACTIVITY_TIMEOUT_FLOOR = timedelta(seconds=10)
 _ACTIVITY_TIMEOUTS = {"action_timeout", "agent_timeout", "timeout", "heartbeat_timeout", "admission_timeout",
-                      "time_limit"}
+                      "time_limit", "room_ttl"}
 _SECONDS = {"pod_grace_seconds"}  # durations kept as whole seconds (the Kubernetes API's unit)
 
 

@@ -27,6 +27,7 @@ from activities.policy import PolicyActivities
 from activities.providers import make_provider
 from activities.providers.aws import AWS_CLIENT_CONFIG
 from activities.providers.base import ProviderSettings
+from activities.room_pool import RoomPool
 from api.names import guard_workflow_id
 from policies.guard_policy import GuardPolicy
 from policies.loader import default_policy
@@ -71,12 +72,13 @@ def controller_activities(kube: KubeActivities, cloud: CloudActivities, ledger: 
             kube.check_node, kube.quarantined_nodes,
             cloud.reboot, cloud.replace, cloud.boot_id, ledger.record, ledger.count_recent, ledger.denylist,
             ledger.check_denied, ledger.admit, ledger.admitted, ledger.last_started, guard.signal_guard, guard.live_holders,
-            guard.running_holders,
+            guard.running_holders, guard.take_room,
             guard.running_episodes, profiles.current, profiles.expectations, profiles.record_baseline,
             *LoadFigureActivities(ledger.ledger).activities()]
 
 
-def build_worker(client: Client, cfg: ControllerConfig) -> Worker:
+def build_worker(client: Client, cfg: ControllerConfig, room: RoomPool | None = None) -> Worker:
+    """`room`: the quarantine room the guard reserves ahead for this process (None: every cordon asks)."""
     core = load_core_api(cfg.kubeconfig)
     kube = KubeActivities(core, cfg.events_namespace, cfg.gpu_node_selector)
     # boto3 finds region, credentials and endpoints (AWS_ENDPOINT_URL) the standard way.
@@ -90,7 +92,7 @@ def build_worker(client: Client, cfg: ControllerConfig) -> Worker:
         Path(cfg.ledger).parent.mkdir(parents=True, exist_ok=True)
         store = SqliteLedger(cfg.ledger)
     return controller_worker(client, cfg.task_queue,
-                             controller_activities(kube, cloud, LedgerActivities(store), GuardActivities(client),
+                             controller_activities(kube, cloud, LedgerActivities(store), GuardActivities(client, room),
                                                    PolicyActivities(cfg.policy or default_policy(), cfg.policy_source,
                                                                     cfg.cluster)),
                              cfg.max_concurrent_activities)
@@ -144,15 +146,18 @@ async def tell_guard_the_policy(client: Client, cluster: str, guard: GuardPolicy
 
 
 async def run_controller(client: Client, cfg: ControllerConfig, stop: asyncio.Event) -> None:
-    worker = build_worker(client, cfg)
+    room = RoomPool(client)
+    worker = build_worker(client, cfg, room)
     async with worker:
         log.info("controller serving task queue %s", cfg.task_queue)
         # In the background: a guard whose workers are elsewhere (or gone) must not hold up serving or stopping.
         told = asyncio.create_task(tell_guard_the_policy(client, cfg.cluster, (cfg.policy or default_policy()).guard))
+        room.start(cfg.cluster)  # room for the first fault, before it comes
         try:
             await _serve(client, cfg, stop)
         finally:
             told.cancel()
+            await room.close()
 
 
 async def _serve(client: Client, cfg: ControllerConfig, stop: asyncio.Event) -> None:

@@ -93,6 +93,10 @@ ISSUE22_REDTEAM_PATCHES = (PATCH_HOLD_UNCHECKED, PATCH_AGENT_GPUS, PATCH_CLOSE_B
 # timed-out cordons left room in the books that the guard then gave to others (guard storm, 2,000 of
 # 10,000 nodes: 1,589 quarantined against max_unhealthy 1,000).
 PATCH_COUNTED_BEFORE_CORDON = "counted-before-cordon"
+# workflow.patched id: the cordon takes a quarantine slot the guard reserved ahead for this controller
+# (guard.take_room, local) when there is one, with no round trip; the slot's token goes to the guard
+# right after the cordon (issue 25: detect-to-cordon).
+PATCH_ROOM_AHEAD = "room-ahead"
 MAX_ACTIONS_KEPT = 200
 MAX_SEQ_SENDERS_KEPT = 32
 MAX_RUN_IDS_KEPT = 50

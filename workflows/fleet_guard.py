@@ -29,15 +29,16 @@ with workflow.unsafe.imports_passed_through():
         LeaseRelease,
         LeaseRequest,
         QuarantineAnswer,
-        Waiting,
+        RoomGrant,
+        RoomRequest,
     )
     from policies.guard_policy import GuardPolicy
+    from workflows import guard_room
     from workflows.guard_books import GuardBooks
     from workflows.guard_constants import (
         CANARY_FAILED,
         CANARY_PROVEN,
         LEFT_QUARANTINE,
-        OLD_BEHAVIOUR,
         PATCH_GUARD_CHECK_BEFORE_NEW_RUN,
         PATCH_GUARD_GRANTS_TOGETHER,
         PATCH_GUARD_IDLE_RECHECK,
@@ -50,6 +51,7 @@ with workflow.unsafe.imports_passed_through():
         PATCH_GUARD_STEADY_RECHECK,
         PATCH_GUARD_UPGRADE,
     )
+    from workflows.guard_status import guard_details, guard_status
 
 
 @workflow.defn(name=c.GUARD_WORKFLOW)
@@ -129,7 +131,16 @@ class FleetGuard(GuardBooks):
             workflow.logger.warning("guard %s: stale fault notice for %s from %s ignored: newer news from that sender came first",
                                     self.inp.cluster, notice.node[:200], notice.holder[:200])
             return
-        if notice.healthy:
+        if notice.room_token and self._new():
+            # Cordoned in a slot reserved ahead: the slot becomes the node. One the guard does not
+            # hold (lapsed, or a guard started afresh) is counted all the same: the node is cordoned.
+            if self.s.room.pop(notice.room_token, None) is None:
+                workflow.logger.warning("guard %s: %s cordoned in an unknown or lapsed slot: counted",
+                                        self.inp.cluster, notice.node[:200])
+            if self.s.unhealthy.get(notice.node) != notice.holder:
+                self.s.fault_times.append(workflow.now())
+            self.s.unhealthy[notice.node] = notice.holder
+        elif notice.healthy:
             self.s.unhealthy.pop(notice.node, None)
         elif notice.admission and self._new():
             if not any(a.holder == notice.holder for a in self.s.admissions):
@@ -170,6 +181,17 @@ class FleetGuard(GuardBooks):
         if not lift.leases and lift.until is None:
             raise ValueError("say for how many leases or until when")
 
+    @workflow.update(name=c.GUARD_UPDATE_RESERVE_ROOM)
+    def reserve_room(self, req: RoomRequest) -> RoomGrant:
+        """A controller's room pool reserves, renews and gives back quarantine slots (guard_room.py)."""
+        return guard_room.reserve(self.s, req, self.policy, workflow.now(), self._free_room(),
+                                  lambda: workflow.uuid4().hex)
+
+    @reserve_room.validator
+    def _validate_reserve_room(self, req: RoomRequest) -> None:
+        if not 0 < len(req.controller) <= 300 or req.want > guard_room.MAX_ROOM_WANTED:
+            raise ValueError(f"a controller id of 1-300 characters, at most {guard_room.MAX_ROOM_WANTED} slots wanted")
+
     @workflow.update
     def set_policy(self, policy: GuardPolicy, by: str = "") -> GuardStatus:
         """The controller's policy is the guard's: a controller started with a new one sends it here."""
@@ -195,22 +217,7 @@ class FleetGuard(GuardBooks):
 
     @workflow.query
     def status(self) -> GuardStatus:
-        s, now = self.s, workflow.now()
-        return GuardStatus(
-            cluster=self.inp.cluster, limit=self._limit(), holders=s.holders,
-            waiters=[w.holder for w in s.waiters], unhealthy=sorted(s.unhealthy),
-            breaker_open=s.breaker_open, breaker_reason=s.breaker_reason, paused=s.paused,
-            pause_reason=s.pause_reason, recent_faults=len(s.fault_times),
-            max_seen_holders=s.max_seen_holders, fleet_size=s.fleet_size, trips=s.trips,
-            budget=self._budget(), max_unhealthy=self._max_unhealthy() or 0, gate=self._gate(),
-            canary_budget=s.canary_budget, canary_history=s.canary_history, alarm=s.alarm,
-            waiting=[Waiting(holder=w.holder, node=w.node, since=s.waiting_since.get(w.holder, now),
-                             reason=self._waiter_reason()) for w in s.waiters],
-            deferred=s.deferred, forced=s.forced, policy=self.policy, policy_changes=s.policy_changes,
-            breaker_opened_at=s.breaker_opened_at, grants=s.grants,
-            behaviour="" if self._never_wedged else OLD_BEHAVIOUR + (": continuing as new now" if self._upgrade else ""),
-        )
-
+        return guard_status(self)
     # --- main loop -----------------------------------------------------------------------------
     @workflow.run
     async def run(self, inp: GuardInput) -> None:
@@ -281,7 +288,7 @@ class FleetGuard(GuardBooks):
             else:
                 await self._signal_grant(req.holder, req.request_id)
         await asyncio.gather(*(self._signal_grant(h, r) for h, r in grants))
-        workflow.set_current_details(self._details())
+        workflow.set_current_details(guard_details(self))
 
     async def _signal_grant(self, holder: str, request_id: str = "") -> None:
         try:
@@ -291,17 +298,3 @@ class FleetGuard(GuardBooks):
         except FailureError:
             # The holder is gone (completed or terminated): its slot goes back to the budget.
             self._drop_holder(holder)
-
-    def _details(self) -> str:
-        s = self.s
-        lines = [f"**Fleet guard {self.inp.cluster}**: {len(s.holders)}/{self._budget()} disruptive leases held "
-                 f"(max {self._limit()}), {len(s.waiters)} waiting, {len(s.unhealthy)} unhealthy, "
-                 f"{len(s.deferred)} deferred"]
-        if (why := self._gate()) is not None:
-            lines.append(f"Gate: {why}")
-        if s.canary_budget:
-            lines.append(f"Canary trickle: {s.canary_budget} at a time" + (f"; **alarm**: {s.alarm}" if s.alarm else ""))
-        if s.paused:
-            lines.append(f"Paused: {s.pause_reason}")
-        lines += [f"- {h.node}: since {h.since:%H:%M:%S}" + (" (canary)" if h.canary else "") for h in s.holders]
-        return "\n".join(lines)

@@ -14,6 +14,7 @@ with workflow.unsafe.imports_passed_through():
     import api as c
     from api.guard import MAX_NEWS_KEPT, Lease, LeaseRequest, QuarantineAnswer, Waiting
     from api.names import HOLDER_SIGNAL_QUARANTINE
+    from workflows import guard_room
     from workflows.calls import call, call_or_none
     from workflows.guard_constants import MAX_DEFERRED_KEPT
     from workflows.guard_gates import GuardGates
@@ -70,6 +71,7 @@ class GuardBooks(GuardGates):
             return
         now, new = workflow.now(), self.s.admissions
         self.s.admissions = []
+        guard_room.lapse(self.s, now)
         # Sets, not scans: under a storm of thousands one pass must stay well inside a workflow task.
         deferred = {d.holder for d in self.s.deferred}
         for n in new:
@@ -96,11 +98,23 @@ class GuardBooks(GuardGates):
         limit = self._max_unhealthy()
         if not self.policy.defer_quarantine or limit is None:
             return True
+        taken = len(self.s.unhealthy) + len(self.s.room)  # slots reserved ahead are taken (guard_room.py)
         if not self._room_counts_others:
-            return node in self.s.unhealthy or len(self.s.unhealthy) < limit
+            return node in self.s.unhealthy or taken < limit
         # Its own episode asking again is in already. Any other entry for the node (a taint seen at
         # the last reconcile, maybe lifted since) gives no free room: the others must leave some.
-        return self.s.unhealthy.get(node) == holder or len(self.s.unhealthy) - (node in self.s.unhealthy) < limit
+        return self.s.unhealthy.get(node) == holder or taken - (node in self.s.unhealthy) < limit
+
+    def _free_room(self) -> int | None:
+        """How many slots may be reserved ahead now (None: no max_unhealthy applies); none while the
+        guard cannot count (an old run, learning its holders back, the fleet's size unknown) or
+        faults already wait for room: those come first."""
+        if not self._new() or self._learning() or self.s.deferred or self.s.admissions:
+            return 0
+        if not self.policy.defer_quarantine:
+            return None
+        limit = self._max_unhealthy()
+        return 0 if limit is None else max(0, limit - len(self.s.unhealthy) - len(self.s.room))
 
     async def _answer(self) -> None:
         """One pass's answers go out together: awaited one by one, each would cost the guard a

@@ -13,12 +13,12 @@ from temporalio.exceptions import FailureError
 with workflow.unsafe.imports_passed_through():
     import api as c
     from api.episode import GuardAnswer, Outcome
-    from api.guard import FaultNotice, LeaseGrant, LeaseRelease, LeaseRequest
+    from api.guard import FaultNotice, LeaseGrant, LeaseRelease, LeaseRequest, TakeRoomRequest
     from api.names import GUARD_SIGNAL_FAULT, GUARD_SIGNAL_RELEASE, GUARD_SIGNAL_REQUEST
     from policies.durations import format_duration
+    from workflows.calls import call_or_none
     from workflows.episode import Episode
     from workflows.episode_constants import (
-        PATCH_COUNTED_BEFORE_CORDON,
         PATCH_GRANT_NEEDS_ID,
         PATCH_LEASE_REQUEST_IDS,
         PATCH_PAUSE_BEFORE_DRAIN,
@@ -46,7 +46,7 @@ class GuardClient(Episode):
                                  signal=signal, payload=arg.model_dump(mode="json")),
             None, f"{signal} to fleet guard for {self.node}", max_interval=timedelta(seconds=10))
 
-    def _fault_notice(self, **kind: bool) -> FaultNotice:
+    def _fault_notice(self, **kind: bool | str) -> FaultNotice:
         t = self.s.triage
         return FaultNotice(node=self.node, holder=workflow.info().workflow_id,
                            fault_class=t.fault_class if t else None, sent_at=workflow.now(), **kind)
@@ -83,6 +83,8 @@ class GuardClient(Episode):
         or an operator cancels. A guard that does not answer in time does not stop the cordon."""
         if self.s.admission == GuardAnswer.ADMITTED:
             return True
+        if not self.s.admission and self._room_ahead and await self._took_room_ahead():
+            return True
         timeout = self.policy.guard.admission_timeout
         if not self.s.admission:
             await self._signal_guard(GUARD_SIGNAL_FAULT, self._fault_notice(admission=True), started=self.s.guard_notified)
@@ -92,7 +94,7 @@ class GuardClient(Episode):
             await workflow.wait_condition(lambda: done() or self.s.admission == GuardAnswer.DEFERRED, timeout=timeout,
                                           timeout_summary=f"the fleet guard's answer for {self.node}")
         except TimeoutError:
-            counted = workflow.patched(PATCH_COUNTED_BEFORE_CORDON)
+            counted = self._counted_before_cordon
             if counted:
                 # Told before the cordon, as a fault the guard counts at once: a slow guard's books
                 # must hold this node, or it admits others into room this one already took.
@@ -118,6 +120,24 @@ class GuardClient(Episode):
         if self.s.admission != GuardAnswer.ADMITTED and self._fault_cleared():
             self._finish(Outcome.HEALTHY, "the fault cleared while its quarantine was deferred; nothing done")
         return self.s.admission == GuardAnswer.ADMITTED
+
+    async def _took_room_ahead(self) -> bool:
+        """A slot the guard reserved for this controller ahead of demand: counted there already, so
+        the cordon needs no round trip. None left (or no pool): the guard is asked."""
+        token = await call_or_none(lambda why: None, c.GUARD_TAKE_ROOM,
+                                   TakeRoomRequest(cluster=self.inp.cluster, now=workflow.now()), str,
+                                   summary=f"room to quarantine {self.node}, reserved ahead", local=True,
+                                   timeout=timedelta(seconds=5), attempts=1)
+        if token:
+            self.s.admission, self.s.room_token = GuardAnswer.ADMITTED, token
+        return bool(token)
+
+    async def _tell_guard_the_slot(self) -> None:
+        """The slot becomes the node at the guard (told whether the cordon took or not: either way
+        the node counts until its episode ends or the reconcile finds no taint)."""
+        if self.s.room_token and not self.s.guard_notified:
+            await self._signal_guard(GUARD_SIGNAL_FAULT, self._fault_notice(room_token=self.s.room_token), started=True)
+            self.s.guard_notified = True
 
     def _fault_cleared(self) -> bool:
         t = self.s.triage

@@ -30,12 +30,14 @@ with workflow.unsafe.imports_passed_through():
     from workflows.episode import node_of
     from workflows.episode_constants import (
         PATCH_CLOSE_BARRIER,
+        PATCH_COUNTED_BEFORE_CORDON,
         PATCH_FIRST_REPORT_DEADLINE,
         PATCH_KILL_IMPLICATED,
         PATCH_LEASE_BACKOFF,
         PATCH_NODE_PROFILES,
         PATCH_REPEAT_PER_BOARD,
         PATCH_REPLACE_ON_AGENT_RECURRENCE,
+        PATCH_ROOM_AHEAD,
     )
     from workflows.episode_handlers import EpisodeHandlers
     from workflows.episode_status import id_refused
@@ -65,6 +67,7 @@ class NodeRemediation(EpisodeHandlers, RungActions, RemediationSteps, SuspectChe
         self._decide_issue22()
         self._profiles = False  # PATCH_NODE_PROFILES, decided with the other patches
         self._lease_backoff = False  # PATCH_LEASE_BACKOFF, likewise
+        self._counted_before_cordon = self._room_ahead = False  # and these
         self._action_failed = ""  # why the rung just acted could not be done (rungs.py), read once
 
     # --- the runbook ---------------------------------------------------------------------------
@@ -103,6 +106,8 @@ class NodeRemediation(EpisodeHandlers, RungActions, RemediationSteps, SuspectChe
         self._bounded(), self._no_harm(), self._local_cluster_calls(), self._guard_admission()
         self._profiles = workflow.patched(PATCH_NODE_PROFILES)
         self._lease_backoff = workflow.patched(PATCH_LEASE_BACKOFF)
+        self._counted_before_cordon = workflow.patched(PATCH_COUNTED_BEFORE_CORDON)
+        self._room_ahead = workflow.patched(PATCH_ROOM_AHEAD)
         workflow.patched(PATCH_LOAD_VALIDATION), workflow.patched(PATCH_SUSPECT_LOAD_TEST)  # read where used
         self._trusted_intake(), self._identity(), self._holds(), self._sticky(), self._late_reports()
         if workflow.info().continued_run_id and self.s.policy_sha256:

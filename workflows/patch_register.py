@@ -77,6 +77,7 @@ PATCHES = MappingProxyType({p.id: p for p in (
     Patch("suspect-load-test", (EPISODE,), "validation under load"),
     Patch("validation-under-load", (EPISODE, ADMISSION), "validation under load"),
     Patch("counted-before-cordon", (EPISODE,), "issue 25, guard storm at 10,000 nodes"),
+    Patch("room-ahead", (EPISODE,), "issue 25, fast path under the guard"),
     Patch("admission-trusted", (ADMISSION,), "issue 22: 3"),
     Patch("admission-not-beside-episode", (ADMISSION,), "issue 22"),
     Patch("admission-recheck-after-episode", (ADMISSION,), "issue 22, safety soak seed 669"),

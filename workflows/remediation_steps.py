@@ -128,6 +128,7 @@ class RemediationSteps(GuardClient):
                                 dry_run=self.policy.dry_run),
             c.QuarantineResult, f"cordon and taint {self.node} ({self._fault_label()})",
         )
+        await self._tell_guard_the_slot()
         if result is None and self._no_harm():
             return  # not verifiably cordoned: `_cordon_holds` ends the episode before anything disruptive
         self.s.quarantined = True

@@ -265,7 +265,7 @@ class WhatIfFleet(NodeStandIns, LedgerStandIns):
                 self.check_node, self.count_fleet, self.quarantined_nodes, self.reboot, self.kubelet_boot_id,
                 self.replace, *self.ledger_activities(), self.running_holders,
                 PolicyActivities(self.policy, "whatif", WHATIF_CLUSTER).current, guard.signal_guard, guard.live_holders,
-                guard.running_episodes]
+                guard.running_episodes, guard.take_room]
 
     def node_activities(self) -> list:
         """What each node's agent serves on node/<cluster>/<node>."""

@@ -21,6 +21,7 @@ from temporalio.worker import Worker
 import api as c
 from activities.errors import NO_EFFECT, fail
 from activities.guard import GuardActivities
+from activities.room_pool import RoomPool
 from api.names import guard_workflow_id, remediation_workflow_id
 from policies.findings import Finding, HealthReport
 from policies.model import Policy
@@ -57,6 +58,7 @@ class FakeFleet(FakeAgentActivities, FakeLedger):
     record_started: asyncio.Event = field(default_factory=asyncio.Event)
     guard_client: Client | None = None  # the guard's activities' client (tests slow its calls down)
     admitted_hw: dict[str, set[str]] = field(default_factory=dict)  # the ledger's admissions: node -> hardware
+    room: RoomPool | None = None  # quarantine room reserved ahead for this controller (None: every cordon asks)
 
     def add(self, node: FakeNode) -> FakeNode:
         self.nodes[node.name] = node
@@ -210,10 +212,10 @@ class FakeFleet(FakeAgentActivities, FakeLedger):
         return await GuardActivities(self.client).running_episodes(req)
 
     def activities(self) -> list:
-        guard = GuardActivities(self.client)
+        guard = GuardActivities(self.client, self.room)
         return [self.quarantine, self.return_to_service, self.attribute_pods, self.drain, self.reboot,
                 self.replace, self.kill, self.reset, self.validate, *self.ledger_activities(), self.event,
-                self.count_fleet, guard.signal_guard, self.live_holders, self.running_episodes, self.quarantined_nodes,
+                self.count_fleet, guard.signal_guard, guard.take_room, self.live_holders, self.running_episodes, self.quarantined_nodes,
                 self.check_node, self.kubelet_boot_id, self.gpu_pods, self.current_policy, self.hardware_ids,
                 self.inventory, self.running_holders]
 
@@ -234,6 +236,8 @@ class FakeFleet(FakeAgentActivities, FakeLedger):
             yield
         finally:
             try:
+                if self.room is not None:
+                    await self.room.close()  # before the guard stops: its updates would find no worker
                 if started:
                     await self.stop_guard()
             finally:

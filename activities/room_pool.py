@@ -1,0 +1,117 @@
+"""A controller's quarantine room, reserved ahead by its cluster's fleet guard (workflows/guard_room.py).
+
+`take` hands an episode one reserved slot at once, with no round trip: the guard counted it against
+max_unhealthy when it reserved it. A task beside keeps the pool topped up and renewed, one update
+to the guard at a time, and gives what is left back when the controller stops. A slot is handed
+out only while half its ttl is left on the guard's clock (the episode's clock, on the same server),
+so the episode's notice reaches the guard before the slot could lapse."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import uuid
+from datetime import datetime, timedelta
+
+from temporalio.client import Client
+
+import api as c
+from api.guard import RoomGrant, RoomRequest
+
+log = logging.getLogger("gpuheal.room")
+
+ASK_FOR = 64  # slots a pool asks for; the guard reserves at most its policy's room_ahead per controller
+NO_ROOM_RETRY_S = 5.0  # the guard had no room to reserve (or could not be reached): asked again after this
+RENEW_FLOOR_S = 1.0
+
+
+class RoomPool:
+    """One per controller process, over the clusters its episodes ask for."""
+
+    def __init__(self, client: Client, identity: str = "", ask_for: int = ASK_FOR, retry_s: float = NO_ROOM_RETRY_S):
+        self.client = client
+        self.identity = identity or f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
+        self.ask_for, self.retry_s = ask_for, retry_s
+        self._rooms: dict[str, _ClusterRoom] = {}
+
+    def start(self, cluster: str) -> _ClusterRoom:
+        """Keeps room for `cluster` from now on (a controller starts its own cluster's at once)."""
+        if (room := self._rooms.get(cluster)) is None:
+            room = self._rooms[cluster] = _ClusterRoom(self, cluster)
+            room.task = asyncio.get_running_loop().create_task(room.keep(), name=f"room pool {cluster}")
+        return room
+
+    def take(self, cluster: str, now: datetime) -> str:
+        """A reserved slot's token, or "" (none here now: the episode asks the guard instead)."""
+        return self.start(cluster).take(now)
+
+    def held(self, cluster: str) -> int:
+        room = self._rooms.get(cluster)
+        return len(room.tokens) if room else 0
+
+    async def close(self) -> None:
+        """Stops renewing and gives every unused slot back (what is not given back lapses at the guard)."""
+        rooms, self._rooms = list(self._rooms.values()), {}
+        for room in rooms:
+            if room.task is not None:
+                room.task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await room.task
+            if room.tokens:
+                with contextlib.suppress(Exception):
+                    await room.ask(RoomRequest(controller=self.identity, returned=room.tokens), timeout_s=5)
+
+
+class _ClusterRoom:
+    def __init__(self, pool: RoomPool, cluster: str):
+        self.pool, self.cluster = pool, cluster
+        self.tokens: list[str] = []
+        self.expires: datetime | None = None
+        self.ttl = timedelta(0)
+        self.low_water = 1
+        self.wake = asyncio.Event()
+        self.task: asyncio.Task | None = None
+
+    def take(self, now: datetime) -> str:
+        fresh = self.expires is not None and self.expires - now >= self.ttl / 2
+        if not (fresh and self.tokens):
+            self.wake.set()
+            return ""
+        token = self.tokens.pop()
+        if len(self.tokens) < self.low_water:
+            self.wake.set()
+        return token
+
+    async def ask(self, req: RoomRequest, timeout_s: float = 10) -> RoomGrant:
+        handle = self.pool.client.get_workflow_handle(c.guard_workflow_id(self.cluster))
+        return await handle.execute_update(c.GUARD_UPDATE_RESERVE_ROOM, req, result_type=RoomGrant,
+                                           rpc_timeout=timedelta(seconds=timeout_s))
+
+    async def keep(self) -> None:
+        """Top up when low, renew every quarter ttl; one ask at a time, and a pause when the guard
+        had nothing to give (no room under max_unhealthy, or not running yet)."""
+        while True:
+            want = max(0, self.pool.ask_for - len(self.tokens))
+            pause = 0.0
+            try:
+                grant = await self.ask(RoomRequest(controller=self.pool.identity, want=want, keep=self.tokens))
+                held = set(grant.held)
+                self.tokens = [t for t in self.tokens if t in held] + list(grant.new)
+                self.expires, self.ttl = grant.expires, timedelta(seconds=grant.ttl_s)
+                self.low_water = max(1, len(grant.held) // 2)
+                if want and not grant.new and not self.tokens:
+                    pause = self.pool.retry_s
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # noqa: BLE001 - no guard yet, a timeout: episodes ask the guard meanwhile
+                log.debug("room pool %s: %s", self.cluster, err)
+                pause = self.pool.retry_s
+            if pause:
+                await asyncio.sleep(pause)
+                continue
+            self.wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), timeout=max(RENEW_FLOOR_S, self.ttl.total_seconds() / 4))

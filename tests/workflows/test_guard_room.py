@@ -1,0 +1,110 @@
+"""Quarantine room reserved ahead (issue 25's fast path): the guard's books for reserved slots, pure,
+and on the dev server a controller's pool whose episodes cordon with no round trip to the guard while
+max_unhealthy holds under a storm."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+
+from temporalio.api.enums.v1 import EventType
+
+from activities.room_pool import RoomPool
+from api.guard import GuardState, RoomRequest
+from api.names import HOLDER_SIGNAL_QUARANTINE
+from policies.guard_policy import GuardPolicy
+from tests.workflows.fake_node import FakeNode
+from tests.workflows.fakes import xid
+from tests.workflows.test_guard_never_wedged import fleet_of, guard_status, quick_policy
+from tests.workflows.test_node_remediation import wait_for
+from workflows import guard_room
+
+T0 = datetime(2026, 12, 1, tzinfo=UTC)
+
+
+def ids():
+    n = iter(range(1000))
+    return lambda: f"t{next(n)}"
+
+
+def test_reserved_slots_stay_within_free_room_and_the_cap_per_controller():
+    s, policy, new = GuardState(), GuardPolicy(room_ahead=4, room_ttl=timedelta(minutes=10)), ids()
+    a = guard_room.reserve(s, RoomRequest(controller="a", want=10), policy, T0, 3, new)
+    assert len(a.new) == 3, "no more than the free room"
+    b = guard_room.reserve(s, RoomRequest(controller="b", want=10), policy, T0, None, new)
+    assert len(b.new) == 4, "no more than room_ahead per controller"
+    again = guard_room.reserve(s, RoomRequest(controller="a", want=10, keep=a.new), policy, T0, 5, new)
+    assert len(again.new) == 1 and set(again.held) == {*a.new, *again.new}, "the cap counts what it holds"
+    assert guard_room.by_controller(s) == {"a": 4, "b": 4}
+
+
+def test_a_slot_handed_out_and_never_told_lapses_while_kept_ones_are_renewed():
+    s, policy, new = GuardState(), GuardPolicy(room_ahead=4, room_ttl=timedelta(minutes=10)), ids()
+    first = guard_room.reserve(s, RoomRequest(controller="a", want=2), policy, T0, None, new)
+    lost, kept = first.new  # `lost`: handed to an episode whose notice never came
+    later = T0 + timedelta(minutes=8)
+    renewed = guard_room.reserve(s, RoomRequest(controller="a", keep=[kept]), policy, later, None, new)
+    assert renewed.held == [kept] and s.room[kept].expires == later + policy.room_ttl
+    guard_room.lapse(s, T0 + timedelta(minutes=11))
+    assert set(s.room) == {kept}, "the slot not kept lapses at its last expiry; the kept one was renewed"
+    gone = guard_room.reserve(s, RoomRequest(controller="b", returned=[kept]), policy, later, None, new)
+    assert kept in s.room and gone.held == [], "only its own controller gives a slot back"
+    guard_room.reserve(s, RoomRequest(controller="a", returned=[kept]), policy, later, None, new)
+    assert not s.room
+
+
+async def test_a_cordon_in_room_reserved_ahead_needs_no_answer_from_the_guard(dev_env, uniq):
+    policy = quick_policy()
+    policy.guard.max_unhealthy = 5
+    fleet = fleet_of(dev_env, uniq, policy)
+    fleet.room = RoomPool(dev_env.client, identity=f"ctl-{uniq}", retry_s=0.1)
+    first = fleet.add(FakeNode(f"first-{uniq}", [xid(48)], cured_by="reset"))
+    second = fleet.add(FakeNode(f"second-{uniq}", [xid(48)], cured_by="reset"))
+    async with fleet.workers():
+        fleet.room.start(fleet.cluster)
+        h1 = await fleet.report(first.name)  # starts the guard; the pool's room comes once it runs
+
+        async def room_kept() -> bool:
+            return fleet.room.held(fleet.cluster) > 0 and first.cordoned
+
+        await wait_for(room_kept, timeout=20)
+        h2 = await fleet.report(second.name)
+
+        async def counted() -> bool:
+            return second.name in (await guard_status(fleet)).unhealthy
+
+        await wait_for(counted, timeout=20)
+        st = await guard_status(fleet)
+        assert second.cordoned and sum(st.room_reserved.values()) + len(st.unhealthy) <= 5, st
+        r1, r2 = await h1.result(), await h2.result()
+    answered = [e for e in (await h2.fetch_history()).events
+                if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
+                and e.workflow_execution_signaled_event_attributes.signal_name == HOLDER_SIGNAL_QUARANTINE]
+    assert answered == [], "the second cordon took a reserved slot: no round trip to the guard"
+    assert (r1.outcome, r2.outcome) == ("returned", "returned")
+
+
+async def test_a_storm_through_reserved_room_never_passes_max_unhealthy(dev_env, uniq):
+    policy = quick_policy()
+    policy.guard.max_unhealthy, policy.guard.room_ahead = 3, 16
+    fleet = fleet_of(dev_env, uniq, policy, size=20)
+    fleet.room = RoomPool(dev_env.client, identity=f"ctl-{uniq}", retry_s=0.1)
+    first = fleet.add(FakeNode(f"n0-{uniq}", [xid(48)], cured_by="reset", fail={"kube.return_to_service"}))
+    rest = [fleet.add(FakeNode(f"n{i}-{uniq}", [xid(48)], cured_by="reset", fail={"kube.return_to_service"}))
+            for i in range(1, 9)]
+    peak = 0
+    async with fleet.workers():
+        fleet.room.start(fleet.cluster)
+        await fleet.report(first.name)
+
+        async def room_kept() -> bool:
+            return fleet.room.held(fleet.cluster) > 0
+
+        await wait_for(room_kept, timeout=20)
+        await asyncio.gather(*(fleet.report(n.name) for n in rest))
+        for _ in range(60):
+            st = await guard_status(fleet)
+            peak = max(peak, sum(n.cordoned for n in [first, *rest]))
+            assert len(st.unhealthy) + sum(st.room_reserved.values()) <= 3, st
+            await asyncio.sleep(0.1)
+    assert peak == 3, f"{peak} cordoned at most: max_unhealthy 3 held, and used"
