@@ -24,7 +24,7 @@ from api.guard import RoomGrant, RoomRequest
 log = logging.getLogger("gpuheal.room")
 
 ASK_FOR = 64  # slots a pool asks for; the guard reserves at most its policy's room_ahead per controller
-NO_ROOM_RETRY_S = 5.0  # the guard had no room to reserve (or could not be reached): asked again after this
+NO_ROOM_RETRY_S = 2.0  # the guard had no room to reserve (or could not be reached): asked again after this, doubling
 RENEW_FLOOR_S = 1.0
 
 
@@ -35,6 +35,7 @@ class RoomPool:
         self.client = client
         self.identity = identity or f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
         self.ask_for, self.retry_s = ask_for, retry_s
+        self.handed_out = 0
         self._rooms: dict[str, _ClusterRoom] = {}
 
     def start(self, cluster: str) -> _ClusterRoom:
@@ -81,6 +82,7 @@ class _ClusterRoom:
             self.wake.set()
             return ""
         token = self.tokens.pop()
+        self.pool.handed_out += 1
         if len(self.tokens) < self.low_water:
             self.wake.set()
         return token
@@ -93,6 +95,7 @@ class _ClusterRoom:
     async def keep(self) -> None:
         """Top up when low, renew every quarter ttl; one ask at a time, and a pause when the guard
         had nothing to give (no room under max_unhealthy, or not running yet)."""
+        misses = 0
         while True:
             want = max(0, self.pool.ask_for - len(self.tokens))
             pause = 0.0
@@ -110,8 +113,11 @@ class _ClusterRoom:
                 log.debug("room pool %s: %s", self.cluster, err)
                 pause = self.pool.retry_s
             if pause:
-                await asyncio.sleep(pause)
+                # Backing off, to 32 times the first pause: no room now often means none for a while.
+                await asyncio.sleep(pause * 2 ** min(misses, 5))
+                misses += 1
                 continue
+            misses = 0
             self.wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), timeout=max(RENEW_FLOOR_S, self.ttl.total_seconds() / 4))

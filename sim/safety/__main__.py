@@ -35,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
             totals["stalled"] += o.stalled
             totals["effects"] += o.effects
             totals["reruns"] += o.reruns
+            totals["room_taken"] += o.room_taken
             if o.violations:
                 failing.append(o)
                 for inv, what in o.violations:
@@ -49,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     by_inv = collections.Counter(inv for o in failing for inv, _ in {*o.violations})
     print(f"{totals['schedules']} schedules ({seeds[0]}..{seeds[-1]}), {totals['effects']} effects recorded, "
           f"{len(failing)} with violations {dict(by_inv)}, {totals['stalled']} stalled, {totals['reruns']} re-runs, "
+          f"{totals['room_taken']} cordons in room reserved ahead, "
           f"{time.monotonic() - started:.0f}s{f', mutant {a.mutant}' if a.mutant else ''}")
     if failing:
         print("replay one with: make safety SEED=<seed>" + (f" MUTANT={a.mutant}" if a.mutant else ""))

@@ -39,6 +39,7 @@ class Outcome:
     effects: int = 0
     stall: list[str] = field(default_factory=list)  # what each workflow still had pending, when stalled
     reruns: int = 0  # runs before this one that a server wedge or another schedule's stall cut short
+    room_taken: int = 0  # cordons in quarantine room reserved ahead (schedules with room_ahead)
     world: SafetyWorld | None = None
 
 
@@ -50,10 +51,12 @@ async def run_batch(env: WorkflowEnvironment, seeds: list[int], keep_worlds: boo
     outcomes = []
     async with driver:
         handles = []
-        for seed, w in worlds.items():
+        for w in worlds.values():
             w.start_controller()
             for spec in w.sched.nodes:
                 w.start_agent(spec.name)
+        await asyncio.gather(*(w.room_before_faults() for w in worlds.values() if w.room is not None))
+        for seed, w in worlds.items():
             steps = [{"at_s": s.at_s, "kind": s.kind, "node": s.node, "arg": s.arg} for s in w.sched.steps]
             handles.append(await env.client.start_workflow(
                 SafetyDriver.run, DriverInput(seed=seed, end_s=w.sched.end_s, steps=steps), id=driver_id(seed),
@@ -64,7 +67,7 @@ async def run_batch(env: WorkflowEnvironment, seeds: list[int], keep_worlds: boo
             stall = await _pending(env, w) if stalled else []
             await w.stop_all()
             outcomes.append(Outcome(seed, [] if stalled else violations(w), stalled, len(w.log),
-                                    stall=stall, world=w if keep_worlds else None))
+                                    stall=stall, world=w if keep_worlds else None, room_taken=w.room_taken))
     return outcomes
 
 

@@ -78,13 +78,14 @@ class Schedule:
     steps: list[Step] = field(default_factory=list)
     history_limit: int | None = None
     end_s: float = 0.0
+    room_ahead: bool = False  # the controller keeps quarantine room its guard reserved ahead (RoomPool)
 
     def describe(self) -> str:
         p = self.policy
         lines = [f"schedule {self.seed}: cluster {self.cluster}, dry_run={p.dry_run}, "
                  f"max_disruptive={p.guard.max_disruptive}, max_unhealthy={p.guard.max_unhealthy}, "
                  f"approval(reboot={p.ladder.reboot.requires_approval}, replace={p.ladder.replace.requires_approval}), "
-                 f"history_limit={self.history_limit}"]
+                 f"history_limit={self.history_limit}, room_ahead={self.room_ahead}"]
         for n in self.nodes:
             lines.append(f"  {n.name}: {n.fault or 'healthy'} gpu {n.gpu} at {n.at_s:.1f}s cured_by {n.cured_by}"
                          f"{' mig' if n.mig else ''}{'' if n.reboot_returns else ' reboot-never-returns'}"
@@ -146,6 +147,8 @@ def make_schedule(seed: int, steps: int = 10, span_s: float = 2 * 3600.0) -> Sch
     sched = Schedule(seed=seed, cluster=f"safety-{seed}", task_queue=f"safety-{seed}", policy=policy, nodes=nodes,
                      foreign=[f"{pre}-cpu"], ghost=f"{pre}-ghost", joiner=f"{pre}-new",
                      history_limit=rng.choice([None, None, 60]))
+    # Drawn apart from the schedule's own draws, so every seed still names the schedule it did.
+    sched.room_ahead = random.Random(f"{seed}/room-ahead").random() < 0.5
     sched.steps += [Step(at_s=n.at_s, kind="fault", node=n.name) for n in nodes if n.fault]
     kinds = [k for k in STEP_KINDS for _ in range(WEIGHTS.get(k, 1))]
     for _ in range(steps):

@@ -8,6 +8,7 @@ import contextlib
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 import api as c
+from activities.room_pool import RoomPool
 from workflows.fleet_guard import FleetGuard
 from workflows.node_admission import NodeAdmission
 from workflows.node_remediation import NodeRemediation
@@ -27,6 +28,8 @@ class WorkerSwitches:
 
     def start_controller(self) -> None:
         if self.controller is None:
+            if self.sched.room_ahead:  # the pool lives and dies with the controller's process
+                self.room = RoomPool(self.client, identity=f"controller-{self.sched.seed}", retry_s=0.2)
             self.controller = self._worker(self.task_queue, True)
 
     def start_agent(self, name: str) -> None:
@@ -37,6 +40,10 @@ class WorkerSwitches:
 
     async def stop_controller(self) -> None:
         w, self.controller = self.controller, None
+        room, self.room = self.room, None
+        if room is not None:
+            self.room_taken += room.handed_out
+            await room.close()  # while its worker still serves the guard's updates
         if w is not None:
             await _stop(w)
 

@@ -12,12 +12,14 @@ from typing import Any
 
 from temporalio import activity
 from temporalio.client import Client
+from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
 import api as c
 from activities.guard import GuardActivities
 from activities.policy import PolicyActivities
+from api.guard import GuardInput
 from policies.findings import HealthReport
 from sim.safety.effects import SIDE_EFFECTS, Effect
 from sim.safety.schedule import GPUS, Schedule, driver_id, jitter
@@ -48,6 +50,7 @@ class SafetyWorld(WorkerSwitches, FakeFleet):
         self.watcher_seq = 0
         self.policy_asked = 0
         self.guard_msgs: list[c.GuardSignalRequest] = []
+        self.room_taken = 0  # cordons in room reserved ahead, over the controller's runs
         self.denylist[OLD_DENIED] = "replaced long ago"
         for spec in sched.nodes:
             n = self.add(SimNode(spec.name, [], cured_by=spec.cured_by, reboot_returns=spec.reboot_returns,
@@ -57,6 +60,18 @@ class SafetyWorld(WorkerSwitches, FakeFleet):
         for name in sched.foreign:
             self.add(SimNode(name, [], gpus=GPUS, faulty=False, ours=False))
         self.add(SimNode(sched.joiner, [], gpus=GPUS, faulty=False, admitted=False, agent=False))
+
+    async def room_before_faults(self, wait_s: float = 5.0) -> None:
+        """A controller in service finds its guard running and its room pool filled: the guard is
+        started, and the schedule waits (a few wall seconds at most) for the pool's first room."""
+        await self.client.start_workflow(c.GUARD_WORKFLOW, GuardInput(cluster=self.cluster, policy=self.policy.guard),
+                                         id=c.guard_workflow_id(self.cluster), task_queue=self.task_queue,
+                                         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING)
+        self.room.start(self.cluster)
+        for _ in range(int(wait_s / 0.05)):
+            if self.room is None or self.room.held(self.cluster):
+                return
+            await asyncio.sleep(0.05)
 
     # --- the record ------------------------------------------------------------------------------
     def note(self, kind: str, node: str, wf: str = "", dry: bool = False, **detail) -> Effect:
