@@ -4,7 +4,10 @@
 max_unhealthy when it reserved it. A task beside keeps the pool topped up and renewed, one update
 to the guard at a time, and gives what is left back when the controller stops. A slot is handed
 out only while half its ttl is left on the guard's clock (the episode's clock, on the same server),
-so the episode's notice reaches the guard before the slot could lapse."""
+so the episode's notice reaches the guard before the slot could lapse, and only within FRESH_S of
+the pool's last answer from the guard (a guard started afresh knows no slots: its answer says so).
+None is handed out while the pool asks, so every slot it asks to keep is unused: the guard may take
+those back when the room is wanted elsewhere."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import contextlib
 import logging
 import os
 import socket
+import time
 import uuid
 from datetime import datetime, timedelta
 
@@ -26,6 +30,8 @@ log = logging.getLogger("gpuheal.room")
 ASK_FOR = 64  # slots a pool asks for; the guard reserves at most its policy's room_ahead per controller
 NO_ROOM_RETRY_S = 2.0  # the guard had no room to reserve (or could not be reached): asked again after this, doubling
 RENEW_FLOOR_S = 1.0
+RENEW_EVERY_S = 30.0  # at most; a quarter of the ttl when that is shorter
+FRESH_S = 60.0  # a slot is handed out only this soon after the guard last answered
 
 
 class RoomPool:
@@ -36,10 +42,13 @@ class RoomPool:
         self.identity = identity or f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
         self.ask_for, self.retry_s = ask_for, retry_s
         self.handed_out = 0
+        self.closed = False
         self._rooms: dict[str, _ClusterRoom] = {}
 
     def start(self, cluster: str) -> _ClusterRoom:
         """Keeps room for `cluster` from now on (a controller starts its own cluster's at once)."""
+        if self.closed:
+            return _ClusterRoom(self, cluster)  # empty, never started: a closed pool hands nothing out
         if (room := self._rooms.get(cluster)) is None:
             room = self._rooms[cluster] = _ClusterRoom(self, cluster)
             room.task = asyncio.get_running_loop().create_task(room.keep(), name=f"room pool {cluster}")
@@ -55,6 +64,7 @@ class RoomPool:
 
     async def close(self) -> None:
         """Stops renewing and gives every unused slot back (what is not given back lapses at the guard)."""
+        self.closed = True
         rooms, self._rooms = list(self._rooms.values()), {}
         for room in rooms:
             if room.task is not None:
@@ -75,10 +85,13 @@ class _ClusterRoom:
         self.low_water = 1
         self.wake = asyncio.Event()
         self.task: asyncio.Task | None = None
+        self.asking = False
+        self.answered_at = 0.0  # monotonic
 
     def take(self, now: datetime) -> str:
-        fresh = self.expires is not None and self.expires - now >= self.ttl / 2
-        if not (fresh and self.tokens):
+        fresh = (self.expires is not None and self.expires - now >= self.ttl / 2
+                 and time.monotonic() - self.answered_at <= FRESH_S)
+        if self.asking or not (fresh and self.tokens):
             self.wake.set()
             return ""
         token = self.tokens.pop()
@@ -100,7 +113,12 @@ class _ClusterRoom:
             want = max(0, self.pool.ask_for - len(self.tokens))
             pause = 0.0
             try:
-                grant = await self.ask(RoomRequest(controller=self.pool.identity, want=want, keep=self.tokens))
+                self.asking = True
+                try:
+                    grant = await self.ask(RoomRequest(controller=self.pool.identity, want=want, keep=list(self.tokens)))
+                finally:
+                    self.asking = False
+                self.answered_at = time.monotonic()
                 held = set(grant.held)
                 self.tokens = [t for t in self.tokens if t in held] + list(grant.new)
                 self.expires, self.ttl = grant.expires, timedelta(seconds=grant.ttl_s)
@@ -120,4 +138,5 @@ class _ClusterRoom:
             misses = 0
             self.wake.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), timeout=max(RENEW_FLOOR_S, self.ttl.total_seconds() / 4))
+                await asyncio.wait_for(self.wake.wait(),
+                                       timeout=max(RENEW_FLOOR_S, min(RENEW_EVERY_S, self.ttl.total_seconds() / 4)))

@@ -184,8 +184,7 @@ class FleetGuard(GuardBooks):
     @workflow.update(name=c.GUARD_UPDATE_RESERVE_ROOM)
     def reserve_room(self, req: RoomRequest) -> RoomGrant:
         """A controller's room pool reserves, renews and gives back quarantine slots (guard_room.py)."""
-        return guard_room.reserve(self.s, req, self.policy, workflow.now(), self._free_room(),
-                                  lambda: workflow.uuid4().hex)
+        return self._reserve_room(req)
 
     @reserve_room.validator
     def _validate_reserve_room(self, req: RoomRequest) -> None:

@@ -12,7 +12,15 @@ from temporalio.exceptions import FailureError
 
 with workflow.unsafe.imports_passed_through():
     import api as c
-    from api.guard import MAX_NEWS_KEPT, Lease, LeaseRequest, QuarantineAnswer, Waiting
+    from api.guard import (
+        MAX_NEWS_KEPT,
+        Lease,
+        LeaseRequest,
+        QuarantineAnswer,
+        RoomGrant,
+        RoomRequest,
+        Waiting,
+    )
     from api.names import HOLDER_SIGNAL_QUARANTINE
     from workflows import guard_room
     from workflows.calls import call, call_or_none
@@ -104,6 +112,20 @@ class GuardBooks(GuardGates):
         # Its own episode asking again is in already. Any other entry for the node (a taint seen at
         # the last reconcile, maybe lifted since) gives no free room: the others must leave some.
         return self.s.unhealthy.get(node) == holder or taken - (node in self.s.unhealthy) < limit
+
+    def _reserve_room(self, req: RoomRequest) -> RoomGrant:
+        reclaim = self._room_wanted_elsewhere()
+        self._wake = self._wake or reclaim  # room taken back goes to the faults waiting for it
+        return guard_room.reserve(self.s, req, self.policy, workflow.now(), self._free_room(),
+                                  lambda: workflow.uuid4().hex, reclaim)
+
+    def _room_wanted_elsewhere(self) -> bool:
+        """Reserved room a controller keeps unused is taken back: faults wait for room, the guard is
+        learning its holders back, room_ahead is 0, or a lowered limit leaves the books over it."""
+        limit = self._max_unhealthy() if self.policy.defer_quarantine else None
+        over = limit is not None and len(self.s.unhealthy) + len(self.s.room) > limit
+        return (not self._new() or self._learning() or bool(self.s.deferred or self.s.admissions)
+                or self.policy.room_ahead == 0 or over)
 
     def _free_room(self) -> int | None:
         """How many slots may be reserved ahead now (None: no max_unhealthy applies); none while the

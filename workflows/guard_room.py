@@ -25,20 +25,25 @@ def lapse(s: GuardState, now: datetime) -> None:
 
 
 def reserve(s: GuardState, req: RoomRequest, policy: GuardPolicy, now: datetime, free: int | None,
-            new_token: Callable[[], str]) -> RoomGrant:
+            new_token: Callable[[], str], reclaim: bool = False) -> RoomGrant:
     """Gives back what the controller returned, renews the unused slots it keeps, and reserves up to
     `want` more within `free` (None: no max_unhealthy applies) and the policy's cap per controller,
-    which counts its slots handed out and not yet told as well."""
-    for token in req.returned:
-        if (r := s.room.get(token)) is not None and r.controller == req.controller:
+    which counts its slots handed out and not yet told as well. `reclaim`: the room is wanted
+    elsewhere (faults wait for it, a lowered limit, room_ahead 0): the unused slots it keeps are
+    taken back and none reserved. The pool hands none out while it asks, so a kept slot is unused."""
+    own = lambda t: (r := s.room.get(t)) is not None and r.controller == req.controller  # noqa: E731
+    for token in [*req.returned, *(req.keep if reclaim else [])]:
+        if own(token):
             del s.room[token]
     lapse(s, now)
     expires = now + policy.room_ttl
-    held = [t for t in dict.fromkeys(req.keep) if (r := s.room.get(t)) is not None and r.controller == req.controller]
+    held = [] if reclaim else [t for t in dict.fromkeys(req.keep) if own(t)][:max(0, policy.room_ahead)]
+    for token in [t for t in dict.fromkeys(req.keep) if own(t) and t not in held]:
+        del s.room[token]  # past a lowered room_ahead: given back
     for token in held:
         s.room[token] = RoomToken(controller=req.controller, expires=expires)
     outstanding = sum(1 for r in s.room.values() if r.controller == req.controller)
-    n = min(req.want, policy.room_ahead - outstanding, MAX_ROOM_WANTED)
+    n = 0 if reclaim else min(req.want, policy.room_ahead - outstanding, MAX_ROOM_WANTED)
     if free is not None:
         n = min(n, free)
     new = [new_token() for _ in range(max(0, n))]

@@ -3,6 +3,7 @@ drain. Each verifies its effect, and the do-no-harm rules say when a failed one 
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 
 from temporalio import workflow
@@ -122,13 +123,15 @@ class RemediationSteps(GuardClient):
         if self._guard_admission() and not self.policy.dry_run and not await self._admitted_to_quarantine():
             return
         t = self.s.triage
-        result = await self._kube(
+        cordon = self._kube(
             c.KUBE_QUARANTINE,
             c.QuarantineRequest(node=self.node, fault_class=t.fault_class or "unknown", reason=t.reason,
                                 dry_run=self.policy.dry_run),
             c.QuarantineResult, f"cordon and taint {self.node} ({self._fault_label()})",
         )
-        await self._tell_guard_the_slot()
+        # In reserved room the guard is told beside the cordon, not after it: a cordon retried for
+        # minutes must not outlast the slot (it would lapse, and the room go to another).
+        result = (await asyncio.gather(cordon, self._tell_guard_the_slot()))[0] if self.s.room_token else await cordon
         if result is None and self._no_harm():
             return  # not verifiably cordoned: `_cordon_holds` ends the episode before anything disruptive
         self.s.quarantined = True

@@ -51,6 +51,7 @@ class SafetyWorld(WorkerSwitches, FakeFleet):
         self.policy_asked = 0
         self.guard_msgs: list[c.GuardSignalRequest] = []
         self.room_taken = 0  # cordons in room reserved ahead, over the controller's runs
+        self.room_pools = 0  # one per controller start: each its own identity, as a new process
         self.denylist[OLD_DENIED] = "replaced long ago"
         for spec in sched.nodes:
             n = self.add(SimNode(spec.name, [], cured_by=spec.cured_by, reboot_returns=spec.reboot_returns,

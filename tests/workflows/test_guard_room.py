@@ -18,6 +18,7 @@ from tests.workflows.fakes import xid
 from tests.workflows.test_guard_never_wedged import fleet_of, guard_status, quick_policy
 from tests.workflows.test_node_remediation import wait_for
 from workflows import guard_room
+from workflows.node_remediation import NodeRemediation
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
 
@@ -51,6 +52,19 @@ def test_a_slot_handed_out_and_never_told_lapses_while_kept_ones_are_renewed():
     assert kept in s.room and gone.held == [], "only its own controller gives a slot back"
     guard_room.reserve(s, RoomRequest(controller="a", returned=[kept]), policy, later, None, new)
     assert not s.room
+
+
+def test_room_wanted_elsewhere_is_taken_back_and_a_lowered_cap_gives_back_the_excess():
+    s, policy, new = GuardState(), GuardPolicy(room_ahead=4, room_ttl=timedelta(minutes=10)), ids()
+    held = guard_room.reserve(s, RoomRequest(controller="a", want=4), policy, T0, None, new).held
+    back = guard_room.reserve(s, RoomRequest(controller="a", want=4, keep=held[:3]), policy, T0, 10, new, reclaim=True)
+    assert back.held == [] and back.new == [] and list(s.room) == [held[3]], \
+        "the unused slots it kept are taken back; the one handed out stays until told or lapsed"
+    s, new = GuardState(), ids()
+    held = guard_room.reserve(s, RoomRequest(controller="a", want=4), policy, T0, None, new).held
+    lowered = GuardPolicy(room_ahead=1, room_ttl=timedelta(minutes=10))
+    kept = guard_room.reserve(s, RoomRequest(controller="a", want=4, keep=held), lowered, T0, None, new)
+    assert kept.held == held[:1] and list(s.room) == held[:1] and kept.new == []
 
 
 async def test_a_cordon_in_room_reserved_ahead_needs_no_answer_from_the_guard(dev_env, uniq):
@@ -108,3 +122,33 @@ async def test_a_storm_through_reserved_room_never_passes_max_unhealthy(dev_env,
             assert len(st.unhealthy) + sum(st.room_reserved.values()) <= 3, st
             await asyncio.sleep(0.1)
     assert peak == 3, f"{peak} cordoned at most: max_unhealthy 3 held, and used"
+
+
+async def test_room_kept_unused_is_taken_back_for_a_fault_that_waits(dev_env, uniq):
+    """Another controller's episode (no room of its own) asks while this pool keeps every slot: it is
+    deferred, and the pool's next renewal gives the room back to it."""
+    policy = quick_policy()
+    policy.guard.max_unhealthy, policy.guard.room_ahead = 2, 16
+    fleet = fleet_of(dev_env, uniq, policy)
+    fleet.room = RoomPool(dev_env.client, identity=f"ctl-{uniq}", retry_s=0.1)
+    first = fleet.add(FakeNode(f"first-{uniq}", [xid(48)], cured_by="reset"))
+    waits = fleet.add(FakeNode(f"waits-{uniq}", [xid(48)], cured_by="reset"))
+    async with fleet.workers():
+        fleet.room.start(fleet.cluster)
+        await (await fleet.report(first.name)).result()  # starts the guard; the pool then keeps both slots
+
+        async def both_kept() -> bool:
+            return fleet.room.held(fleet.cluster) == 2
+
+        await wait_for(both_kept, timeout=20)
+        fleet.room.take = lambda cluster, now: ""  # this episode is another controller's
+        handle = await fleet.report(waits.name)
+
+        async def cordoned() -> bool:
+            return waits.cordoned
+
+        await wait_for(cordoned, timeout=30)
+        st = await guard_status(fleet)
+        assert len(st.unhealthy) + sum(st.room_reserved.values()) <= 2, st
+        actions = (await handle.query(NodeRemediation.status)).actions
+    assert any("deferred" in a.summary for a in actions), "it waited for room the pool held"
