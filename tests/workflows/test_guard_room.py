@@ -67,11 +67,17 @@ def test_room_wanted_elsewhere_is_taken_back_and_a_lowered_cap_gives_back_the_ex
     assert kept.held == held[:1] and list(s.room) == held[:1] and kept.new == []
 
 
-async def test_a_cordon_in_room_reserved_ahead_needs_no_answer_from_the_guard(dev_env, uniq):
+def pooled_fleet(env, uniq, max_unhealthy: int, size: int = 10):
+    """A stand-in fleet whose controller keeps room reserved ahead (room_ahead 16)."""
     policy = quick_policy()
-    policy.guard.max_unhealthy = 5
-    fleet = fleet_of(dev_env, uniq, policy)
-    fleet.room = RoomPool(dev_env.client, identity=f"ctl-{uniq}", retry_s=0.1)
+    policy.guard.max_unhealthy, policy.guard.room_ahead = max_unhealthy, 16
+    fleet = fleet_of(env, uniq, policy, size=size)
+    fleet.room = RoomPool(env.client, identity=f"ctl-{uniq}", retry_s=0.1)
+    return fleet
+
+
+async def test_a_cordon_in_room_reserved_ahead_needs_no_answer_from_the_guard(dev_env, uniq):
+    fleet = pooled_fleet(dev_env, uniq, 5)
     first = fleet.add(FakeNode(f"first-{uniq}", [xid(48)], cured_by="reset"))
     second = fleet.add(FakeNode(f"second-{uniq}", [xid(48)], cured_by="reset"))
     async with fleet.workers():
@@ -99,10 +105,7 @@ async def test_a_cordon_in_room_reserved_ahead_needs_no_answer_from_the_guard(de
 
 
 async def test_a_storm_through_reserved_room_never_passes_max_unhealthy(dev_env, uniq):
-    policy = quick_policy()
-    policy.guard.max_unhealthy, policy.guard.room_ahead = 3, 16
-    fleet = fleet_of(dev_env, uniq, policy, size=20)
-    fleet.room = RoomPool(dev_env.client, identity=f"ctl-{uniq}", retry_s=0.1)
+    fleet = pooled_fleet(dev_env, uniq, 3, size=20)
     first = fleet.add(FakeNode(f"n0-{uniq}", [xid(48)], cured_by="reset", fail={"kube.return_to_service"}))
     rest = [fleet.add(FakeNode(f"n{i}-{uniq}", [xid(48)], cured_by="reset", fail={"kube.return_to_service"}))
             for i in range(1, 9)]
@@ -127,10 +130,7 @@ async def test_a_storm_through_reserved_room_never_passes_max_unhealthy(dev_env,
 async def test_room_kept_unused_is_taken_back_for_a_fault_that_waits(dev_env, uniq):
     """Another controller's episode (no room of its own) asks while this pool keeps every slot: it is
     deferred, and the pool's next renewal gives the room back to it."""
-    policy = quick_policy()
-    policy.guard.max_unhealthy, policy.guard.room_ahead = 2, 16
-    fleet = fleet_of(dev_env, uniq, policy)
-    fleet.room = RoomPool(dev_env.client, identity=f"ctl-{uniq}", retry_s=0.1)
+    fleet = pooled_fleet(dev_env, uniq, 2)
     first = fleet.add(FakeNode(f"first-{uniq}", [xid(48)], cured_by="reset"))
     waits = fleet.add(FakeNode(f"waits-{uniq}", [xid(48)], cured_by="reset"))
     async with fleet.workers():
