@@ -18,7 +18,8 @@ from activities.ledger import SqliteLedger
 from activities.node import NodeActivities
 from activities.providers.aws import REBOOT_STATE_TAG
 from sim.nvml import SimulatedNvml
-from tests.activities.test_cloud import cloud, run  # noqa: F401 (the fixture)
+from tests.activities.conftest import cloud  # noqa: F401 (the fixture)
+from tests.activities.test_cloud import run
 from tests.activities.test_node import gpu_process, node  # noqa: F401 (the fixture)
 
 
