@@ -109,6 +109,9 @@ def _guard(doc: dict, wide: bool) -> str:
             f"Granted:          {doc.get('grants', 0)} lease(s) since this guard started"]
     if doc.get("alarm"):
         head.append(f"Alarm:            {doc['alarm']}")
+    if room := doc.get("room_reserved"):
+        head.append(f"Reserved ahead:   {sum(room.values())} quarantine slot(s), counted as unhealthy: "
+                    + ", ".join(f"{n} for {c}" for c, n in sorted(room.items())))
     holders = table(["node", "since", "canary"] + (["holder"] if wide else []),
                     [[h["node"], _when(h["since"]), _yes(h.get("canary"))] + ([h["holder"]] if wide else [])
                      for h in doc["holders"]]) if doc["holders"] else "  (none)"

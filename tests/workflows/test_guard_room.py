@@ -17,6 +17,7 @@ from tests.workflows.fake_node import FakeNode
 from tests.workflows.fakes import xid
 from tests.workflows.test_guard_never_wedged import fleet_of, guard_status, quick_policy
 from tests.workflows.test_node_remediation import wait_for
+from workers.render import human
 from workflows import guard_room
 from workflows.node_remediation import NodeRemediation
 
@@ -88,6 +89,8 @@ async def test_a_cordon_in_room_reserved_ahead_needs_no_answer_from_the_guard(de
             return fleet.room.held(fleet.cluster) > 0 and first.cordoned
 
         await wait_for(room_kept, timeout=20)
+        shown = human("guard", (await guard_status(fleet)).model_dump(mode="json"))
+        assert f"for ctl-{uniq}" in shown, shown  # `gpuheal guard` says whose room is reserved
         h2 = await fleet.report(second.name)
 
         async def counted() -> bool:
