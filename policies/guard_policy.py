@@ -39,8 +39,8 @@ class GuardPolicy(Strict):
         description="A new fault that would put more than max_unhealthy nodes in quarantine waits uncordoned, recorded with the reason, until there is room: a detector bug must not cordon the whole fleet.",
     )
     room_ahead: int = Field(
-        default=16, ge=0,
-        description="Quarantine slots the guard reserves ahead for each controller process while there is room under max_unhealthy: a cordon in a reserved slot needs no round trip to the guard (counted from the moment it is reserved). 0: every cordon asks the guard first.",
+        default=0, ge=0,
+        description="Quarantine slots the guard reserves ahead for each controller process while there is room under max_unhealthy: a cordon in a reserved slot needs no round trip to the guard (counted from the moment it is reserved). 0 (the default until it is proven on real fleets): every cordon asks the guard first. A pool keeps up to this many even when that is all the free room; others' cordons then wait for its next renewal (30 s at most).",
     )
     room_ttl: Duration = Field(
         default=timedelta(minutes=10),

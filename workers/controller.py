@@ -146,18 +146,21 @@ async def tell_guard_the_policy(client: Client, cluster: str, guard: GuardPolicy
 
 
 async def run_controller(client: Client, cfg: ControllerConfig, stop: asyncio.Event) -> None:
-    room = RoomPool(client)
+    # Room reserved ahead only where the policy asks for it (guard.room_ahead, 0 by default).
+    room = RoomPool(client) if (cfg.policy or default_policy()).guard.room_ahead else None
     worker = build_worker(client, cfg, room)
     async with worker:
         log.info("controller serving task queue %s", cfg.task_queue)
         # In the background: a guard whose workers are elsewhere (or gone) must not hold up serving or stopping.
         told = asyncio.create_task(tell_guard_the_policy(client, cfg.cluster, (cfg.policy or default_policy()).guard))
-        room.start(cfg.cluster)  # room for the first fault, before it comes
+        if room is not None:
+            room.start(cfg.cluster)  # room for the first fault, before it comes
         try:
             await _serve(client, cfg, stop)
         finally:
             told.cancel()
-            await room.close()
+            if room is not None:
+                await room.close()
 
 
 async def _serve(client: Client, cfg: ControllerConfig, stop: asyncio.Event) -> None:

@@ -83,7 +83,8 @@ class GuardClient(Episode):
         or an operator cancels. A guard that does not answer in time does not stop the cordon."""
         if self.s.admission == GuardAnswer.ADMITTED:
             return True
-        if not self.s.admission and self._room_ahead and await self._took_room_ahead():
+        # Asked only where the policy reserves room: no local activity for nothing on every cordon.
+        if not self.s.admission and self._room_ahead and self.policy.guard.room_ahead and await self._took_room_ahead():
             return True
         timeout = self.policy.guard.admission_timeout
         if not self.s.admission:

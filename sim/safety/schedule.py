@@ -149,6 +149,7 @@ def make_schedule(seed: int, steps: int = 10, span_s: float = 2 * 3600.0) -> Sch
                      history_limit=rng.choice([None, None, 60]))
     # Drawn apart from the schedule's own draws, so every seed still names the schedule it did.
     sched.room_ahead = random.Random(f"{seed}/room-ahead").random() < 0.5
+    policy.guard.room_ahead = 16 if sched.room_ahead else 0
     sched.steps += [Step(at_s=n.at_s, kind="fault", node=n.name) for n in nodes if n.fault]
     kinds = [k for k in STEP_KINDS for _ in range(WEIGHTS.get(k, 1))]
     for _ in range(steps):

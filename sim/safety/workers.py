@@ -28,7 +28,7 @@ class WorkerSwitches:
 
     def start_controller(self) -> None:
         if self.controller is None:
-            if self.sched.room_ahead:  # the pool lives and dies with the controller's process
+            if self.sched.room_ahead and self.policy.guard.room_ahead:  # lives and dies with the controller
                 self.room = RoomPool(self.client, identity=f"controller-{self.sched.seed}-{self.room_pools}", retry_s=0.2)
                 self.room_pools += 1
             self.controller = self._worker(self.task_queue, True)
