@@ -128,11 +128,9 @@ class GuardBooks(GuardGates):
                 or self.policy.room_ahead == 0 or over)
 
     def _free_room(self) -> int | None:
-        """How many slots may be reserved ahead now (None: no max_unhealthy applies); none while the
-        guard cannot count (an old run, learning its holders back, the fleet's size unknown) or
-        faults already wait for room: those come first."""
-        if not self._new() or self._learning() or self.s.deferred or self.s.admissions:
-            return 0
+        """How many slots may be reserved ahead now (None: no max_unhealthy applies; none while the
+        fleet's size is unknown). Asked only when the room is not wanted elsewhere
+        (`_room_wanted_elsewhere`: an old run, learning, faults waiting), which reserves nothing."""
         if not self.policy.defer_quarantine:
             return None
         limit = self._max_unhealthy()
