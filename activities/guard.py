@@ -4,9 +4,12 @@ hand out the quarantine room it reserved ahead for this controller."""
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from temporalio import activity
+from temporalio.api.enums.v1 import TaskQueueKind, TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError, RPCStatusCode
@@ -52,6 +55,38 @@ class GuardActivities:
                 if err.status != RPCStatusCode.NOT_FOUND or attempt == SIGNAL_TRIES:
                     raise
                 await asyncio.sleep(SIGNAL_RETRY_S * attempt)
+
+    @activity.defn(name=c.GUARD_LIVENESS)
+    async def liveness(self, req: c.GuardLivenessRequest) -> c.GuardLiveness:
+        """Stuck or slow, for an episode the guard did not answer in time: stuck when it does not
+        run, its workflow task fails, or no worker polls its task queue; else slow (it runs, and a
+        worker takes its tasks). A server that cannot list pollers (the time-skipping one) is
+        taken at its word on the rest."""
+        try:
+            desc = await self.client.get_workflow_handle(c.guard_workflow_id(req.cluster)).describe(
+                rpc_timeout=timedelta(seconds=10))
+        except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND:
+                return c.GuardLiveness(stuck=True, why="no fleet guard runs")
+            raise
+        task = desc.raw_description.pending_workflow_task if desc.raw_description.HasField("pending_workflow_task") else None
+        pollers = await self._last_poll(desc.task_queue)
+        return guard_liveness(desc.status, task.attempt if task else 0, desc.task_queue, pollers,
+                              datetime.now(UTC), timedelta(seconds=req.stale_after))
+
+    async def _last_poll(self, queue: str) -> datetime | None | bool:
+        """When a worker last polled `queue` for workflow tasks: None if none has lately, False if
+        the server cannot say."""
+        try:
+            resp = await self.client.workflow_service.describe_task_queue(DescribeTaskQueueRequest(
+                namespace=self.client.namespace, task_queue=TaskQueue(name=queue, kind=TaskQueueKind.TASK_QUEUE_KIND_NORMAL),
+                task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW), timeout=timedelta(seconds=10))
+        except RPCError as err:
+            if err.status == RPCStatusCode.UNIMPLEMENTED:
+                return False
+            raise
+        seen = [p.last_access_time.ToDatetime(tzinfo=UTC) for p in resp.pollers if p.HasField("last_access_time")]
+        return max(seen, default=None)
 
     @activity.defn(name=c.GUARD_LIVE_HOLDERS)
     async def live_holders(self, req: c.LiveHoldersRequest) -> c.LiveHoldersResult:
@@ -143,3 +178,16 @@ class GuardActivities:
 
         seen = await asyncio.gather(*(status(wid, run) for wid, run in listed))
         return c.RunningEpisodesResult(known=True, episodes=[e for e in seen if e is not None])
+
+
+def guard_liveness(status: WorkflowExecutionStatus | None, task_attempt: int, queue: str,
+                   last_poll: datetime | None | bool, now: datetime, stale_after: timedelta) -> c.GuardLiveness:
+    """The rule, apart from the RPCs. A task on its second attempt or later has failed (a bug, a
+    non-determinism, a worker without the guard): retried, it fails again until someone deploys."""
+    if status != WorkflowExecutionStatus.RUNNING:
+        return c.GuardLiveness(stuck=True, why=f"the fleet guard is {status.name.lower() if status else 'unknown'}")
+    if task_attempt >= 2:
+        return c.GuardLiveness(stuck=True, why=f"the fleet guard's workflow task fails (attempt {task_attempt})")
+    if last_poll is None or (last_poll is not False and now - last_poll > stale_after):
+        return c.GuardLiveness(stuck=True, why=f"no worker polls the fleet guard's task queue {queue}")
+    return c.GuardLiveness(stuck=False, why="the fleet guard runs and a worker takes its tasks")

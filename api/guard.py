@@ -148,6 +148,20 @@ class TakeRoomRequest(BaseModel):
     now: datetime = Field(description="The episode's workflow clock: the guard's clock, on the same server.")
 
 
+class GuardLivenessRequest(BaseModel):
+    cluster: str
+    stale_after: float = Field(default=60.0, description="Seconds since a worker last polled the guard's task "
+                               "queue after which no worker is taken to serve it.")
+
+
+class GuardLiveness(BaseModel):
+    """Whether a guard that has not answered in time is stuck (the episode cordons anyway) or only
+    slow (it waits: the guard will answer, and max_unhealthy holds)."""
+
+    stuck: bool
+    why: str = Field(description="What was seen: the guard's status, its workflow task, its task queue's workers.")
+
+
 class GuardState(BaseModel):
     holders: list[Lease] = Field(default_factory=list)
     waiters: list[LeaseRequest] = Field(default_factory=list, description="First come, first served.")

@@ -33,6 +33,7 @@ GUARD_LIVE_HOLDERS = "guard.live_holders"
 GUARD_RUNNING_EPISODES = "guard.running_episodes"
 GUARD_RUNNING_HOLDERS = "guard.running_holders"
 GUARD_TAKE_ROOM = "guard.take_room"  # local: a quarantine slot the guard reserved ahead for this controller
+GUARD_LIVENESS = "guard.liveness"  # is a guard that has not answered stuck, or only slow
 POLICY_CURRENT = "policy.current"
 
 DEFAULT_TASK_QUEUE = "gpuheal"  # the controller's queue: workflows and cluster-side activities

@@ -72,7 +72,7 @@ def controller_activities(kube: KubeActivities, cloud: CloudActivities, ledger: 
             kube.check_node, kube.quarantined_nodes,
             cloud.reboot, cloud.replace, cloud.boot_id, ledger.record, ledger.count_recent, ledger.denylist,
             ledger.check_denied, ledger.admit, ledger.admitted, ledger.last_started, guard.signal_guard, guard.live_holders,
-            guard.running_holders, guard.take_room,
+            guard.running_holders, guard.take_room, guard.liveness,
             guard.running_episodes, profiles.current, profiles.expectations, profiles.record_baseline,
             *LoadFigureActivities(ledger.ledger).activities()]
 

@@ -97,6 +97,10 @@ PATCH_COUNTED_BEFORE_CORDON = "counted-before-cordon"
 # (guard.take_room, local) when there is one, with no round trip; the slot's token goes to the guard
 # right after the cordon (issue 25: detect-to-cordon).
 PATCH_ROOM_AHEAD = "room-ahead"
+# workflow.patched id: a guard that has not answered within admission_timeout but runs, with a worker
+# taking its tasks, is waited for; only a stuck one (not running, its task failing, no worker) is
+# cordoned past (guard storm, 2,000 of 10,000: the timed-out cordons took 1,631 nodes past 1,000).
+PATCH_SLOW_GUARD_WAITS = "slow-guard-waits"
 MAX_ACTIONS_KEPT = 200
 MAX_SEQ_SENDERS_KEPT = 32
 MAX_RUN_IDS_KEPT = 50

@@ -24,7 +24,7 @@ with workflow.unsafe.imports_passed_through():
     from api.names import HOLDER_SIGNAL_QUARANTINE
     from workflows import guard_room
     from workflows.calls import call, call_or_none
-    from workflows.guard_constants import MAX_DEFERRED_KEPT
+    from workflows.guard_constants import MAX_DEFERRED_KEPT, PATCH_GUARD_ROOM_HALF
     from workflows.guard_gates import GuardGates
 
 
@@ -117,7 +117,7 @@ class GuardBooks(GuardGates):
         reclaim = self._room_wanted_elsewhere()
         self._wake = self._wake or reclaim  # room taken back goes to the faults waiting for it
         return guard_room.reserve(self.s, req, self.policy, workflow.now(), self._free_room(),
-                                  lambda: workflow.uuid4().hex, reclaim)
+                                  lambda: workflow.uuid4().hex, reclaim, workflow.patched(PATCH_GUARD_ROOM_HALF))
 
     def _room_wanted_elsewhere(self) -> bool:
         """Reserved room a controller keeps unused is taken back: faults wait for room, the guard is

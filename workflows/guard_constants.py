@@ -45,6 +45,9 @@ PATCH_GUARD_GRANTS_TOGETHER = "guard-grants-together"
 # controller asks (the `upgrade` update, sent at controller start), so it meets the new behaviour
 # (issue 22: 11).
 PATCH_GUARD_UPGRADE = "guard-upgrade"
+# workflow.patched id: a controller's pool holds at most half the room others do not hold: a greedy
+# pool deferred other controllers' cordons until its next renewal (issue 25, red-team review).
+PATCH_GUARD_ROOM_HALF = "guard-room-half"
 OLD_BEHAVIOUR = ("this guard run started before guard-never-wedged: it answers no quarantine requests (each "
                  "cordon waits admission_timeout) until it continues as new; a controller's start asks it to")
 MAX_DEFERRED_KEPT = 1000

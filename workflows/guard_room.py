@@ -25,12 +25,14 @@ def lapse(s: GuardState, now: datetime) -> None:
 
 
 def reserve(s: GuardState, req: RoomRequest, policy: GuardPolicy, now: datetime, free: int | None,
-            new_token: Callable[[], str], reclaim: bool = False) -> RoomGrant:
+            new_token: Callable[[], str], reclaim: bool = False, half: bool = False) -> RoomGrant:
     """Gives back what the controller returned, renews the unused slots it keeps, and reserves up to
     `want` more within `free` (None: no max_unhealthy applies) and the policy's cap per controller,
     which counts its slots handed out and not yet told as well. `reclaim`: the room is wanted
     elsewhere (faults wait for it, a lowered limit, room_ahead 0): the unused slots it keeps are
-    taken back and none reserved. The pool hands none out while it asks, so a kept slot is unused."""
+    taken back and none reserved. The pool hands none out while it asks, so a kept slot is unused.
+    `half`: a controller holds at most half the room not held by others, so a cordon through
+    another controller (or one that asks the guard) is not deferred while room sits in a pool."""
     own = lambda t: (r := s.room.get(t)) is not None and r.controller == req.controller  # noqa: E731
     for token in [*req.returned, *(req.keep if reclaim else [])]:
         if own(token):
@@ -45,7 +47,7 @@ def reserve(s: GuardState, req: RoomRequest, policy: GuardPolicy, now: datetime,
     outstanding = sum(1 for r in s.room.values() if r.controller == req.controller)
     n = 0 if reclaim else min(req.want, policy.room_ahead - outstanding, MAX_ROOM_WANTED)
     if free is not None:
-        n = min(n, free)
+        n = min(n, (free + outstanding) // 2 - outstanding if half else free)
     new = [new_token() for _ in range(max(0, n))]
     for token in new:
         s.room[token] = RoomToken(controller=req.controller, expires=expires)

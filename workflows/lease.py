@@ -4,6 +4,7 @@ ending). The guard's side is workflows/fleet_guard.py."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 
 from pydantic import BaseModel
@@ -13,7 +14,15 @@ from temporalio.exceptions import FailureError
 with workflow.unsafe.imports_passed_through():
     import api as c
     from api.episode import GuardAnswer, Outcome
-    from api.guard import FaultNotice, LeaseGrant, LeaseRelease, LeaseRequest, TakeRoomRequest
+    from api.guard import (
+        FaultNotice,
+        GuardLiveness,
+        GuardLivenessRequest,
+        LeaseGrant,
+        LeaseRelease,
+        LeaseRequest,
+        TakeRoomRequest,
+    )
     from api.names import GUARD_SIGNAL_FAULT, GUARD_SIGNAL_RELEASE, GUARD_SIGNAL_REQUEST
     from policies.durations import format_duration
     from workflows.calls import call_or_none
@@ -22,6 +31,7 @@ with workflow.unsafe.imports_passed_through():
         PATCH_GRANT_NEEDS_ID,
         PATCH_LEASE_REQUEST_IDS,
         PATCH_PAUSE_BEFORE_DRAIN,
+        PATCH_SLOW_GUARD_WAITS,
     )
     from workflows.report_intake import fault_cleared
 
@@ -91,10 +101,13 @@ class GuardClient(Episode):
             await self._signal_guard(GUARD_SIGNAL_FAULT, self._fault_notice(admission=True), started=self.s.guard_notified)
             self.s.admission, self.s.guard_notified = GuardAnswer.ASKED, True
         done = lambda: self.s.admission == GuardAnswer.ADMITTED or self._fault_cleared() or self.s.cancel_reason is not None  # noqa: E731
+        stuck: str | bool = False
         try:
             await workflow.wait_condition(lambda: done() or self.s.admission == GuardAnswer.DEFERRED, timeout=timeout,
                                           timeout_summary=f"the fleet guard's answer for {self.node}")
         except TimeoutError:
+            stuck = await self._guard_stuck(lambda: done() or self.s.admission == GuardAnswer.DEFERRED)
+        if stuck:
             counted = self._counted_before_cordon
             if counted:
                 # Told before the cordon, as a fault the guard counts at once: a slow guard's books
@@ -102,7 +115,7 @@ class GuardClient(Episode):
                 await self._signal_guard(GUARD_SIGNAL_FAULT, self._fault_notice(), started=True)
             self._record("quarantine", f"no answer from the fleet guard for {self.node}", False,
                          f"none within {timeout}: cordoning anyway (a bad node is not left in service)"
-                         + ("; the guard counts it quarantined" if counted else ""))
+                         + ("; the guard counts it quarantined" if counted else "") + (f"; {stuck}" if stuck is not True else ""))
             self.s.admission = GuardAnswer.ADMITTED
             return True
         if self.s.admission == GuardAnswer.DEFERRED and not done():
@@ -121,6 +134,39 @@ class GuardClient(Episode):
         if self.s.admission != GuardAnswer.ADMITTED and self._fault_cleared():
             self._finish(Outcome.HEALTHY, "the fault cleared while its quarantine was deferred; nothing done")
         return self.s.admission == GuardAnswer.ADMITTED
+
+    async def _guard_stuck(self, answered: Callable[[], bool]) -> str | bool:
+        """After admission_timeout with no answer: the reason the guard is stuck (the caller cordons
+        anyway), or False once it answered. A guard that runs and whose worker takes its tasks is
+        slow, not stuck: waited for, re-asked as the wait doubles, so a storm's late answers do not
+        cordon past max_unhealthy (guard storm, 2,000 of 10,000: 1,631 quarantined against 1,000)."""
+        if not workflow.patched(PATCH_SLOW_GUARD_WAITS):
+            return True  # before the patch: no answer in time was reason enough
+        timeout, noted = self.policy.guard.admission_timeout, False
+        wait = timeout
+        while True:
+            live = await call_or_none(lambda why: None, c.GUARD_LIVENESS,
+                                      GuardLivenessRequest(cluster=self.inp.cluster,
+                                                           stale_after=max(60.0, 2 * timeout.total_seconds())),
+                                      GuardLiveness, summary="is the fleet guard stuck or slow",
+                                      timeout=timedelta(seconds=30), attempts=2)
+            if answered():
+                return False
+            if live is None or live.stuck:
+                return live.why if live else "the guard's liveness could not be read"
+            if not noted:
+                noted = True
+                self._record("quarantine", f"the fleet guard is slow to answer for {self.node}", False,
+                             f"{live.why}: waiting for its answer, uncordoned (max_unhealthy holds)")
+                self._set_details("the fleet guard's answer (it is slow)")
+            try:
+                await workflow.wait_condition(answered, timeout=wait,
+                                              timeout_summary=f"the slow fleet guard's answer for {self.node}")
+                return False
+            except TimeoutError:
+                # Re-asked: a guard started afresh since knows no pending admission.
+                await self._signal_guard(GUARD_SIGNAL_FAULT, self._fault_notice(admission=True), started=True)
+                wait = min(wait * 2, timeout * RESEND_BACKOFF_CAP)
 
     async def _took_room_ahead(self) -> bool:
         """A slot the guard reserved for this controller ahead of demand: counted there already, so

@@ -78,6 +78,7 @@ PATCHES = MappingProxyType({p.id: p for p in (
     Patch("validation-under-load", (EPISODE, ADMISSION), "validation under load"),
     Patch("counted-before-cordon", (EPISODE,), "issue 25, guard storm at 10,000 nodes"),
     Patch("room-ahead", (EPISODE,), "issue 25, fast path under the guard"),
+    Patch("slow-guard-waits", (EPISODE,), "issue 25, guard storm at 10,000 nodes"),
     Patch("admission-trusted", (ADMISSION,), "issue 22: 3"),
     Patch("admission-not-beside-episode", (ADMISSION,), "issue 22"),
     Patch("admission-recheck-after-episode", (ADMISSION,), "issue 22, safety soak seed 669"),
@@ -92,4 +93,5 @@ PATCHES = MappingProxyType({p.id: p for p in (
     Patch("guard-check-before-new-run", (GUARD,), "issue 25, whatif at 10,000 nodes"),
     Patch("guard-grants-together", (GUARD,), "issue 25, guard storm at 10,000 nodes"),
     Patch("guard-upgrade", (GUARD,), "issue 22: 11"),
+    Patch("guard-room-half", (GUARD,), "issue 25, red-team review of room reserved ahead"),
 )})

@@ -264,7 +264,7 @@ class WhatIfFleet(NodeStandIns, LedgerStandIns):
         return [self.deliver, self.quarantine, self.return_to_service, self.attribute_pods, self.drain, self.event,
                 self.check_node, self.count_fleet, self.quarantined_nodes, self.reboot, self.kubelet_boot_id,
                 self.replace, *self.ledger_activities(), self.running_holders,
-                PolicyActivities(self.policy, "whatif", WHATIF_CLUSTER).current, guard.signal_guard, guard.live_holders,
+                PolicyActivities(self.policy, "whatif", WHATIF_CLUSTER).current, guard.signal_guard, guard.live_holders, guard.liveness,
                 guard.running_episodes, guard.take_room]
 
     def node_activities(self) -> list:

@@ -50,6 +50,7 @@ class FakeFleet(FakeAgentActivities, FakeLedger):
     fleet_size: int | None = None  # what kube.fleet_size answers; None: the nodes added
     events: list[c.EventRequest] = field(default_factory=list)
     holder_check_delay: float = 0.0  # how long guard.live_holders takes (a slow server)
+    count_delay: float = 0.0  # how long kube.fleet_size takes (a guard slow to answer its first cordons)
     agents: dict[str, Worker] = field(default_factory=dict)  # node -> the worker serving node/<cluster>/<node>
     check_drain_lease: bool = False  # each drain asks the guard whether the node holds a lease
     drained_without_lease: list[str] = field(default_factory=list)
@@ -155,6 +156,7 @@ class FakeFleet(FakeAgentActivities, FakeLedger):
 
     @activity.defn(name=c.KUBE_FLEET_SIZE)
     async def count_fleet(self) -> int:
+        await asyncio.sleep(self.count_delay)
         return self.fleet_size if self.fleet_size is not None else len(self.nodes)
 
     @activity.defn(name=c.KUBE_QUARANTINED_NODES)
@@ -215,7 +217,7 @@ class FakeFleet(FakeAgentActivities, FakeLedger):
         guard = GuardActivities(self.client, self.room)
         return [self.quarantine, self.return_to_service, self.attribute_pods, self.drain, self.reboot,
                 self.replace, self.kill, self.reset, self.validate, *self.ledger_activities(), self.event,
-                self.count_fleet, guard.signal_guard, guard.take_room, self.live_holders, self.running_episodes, self.quarantined_nodes,
+                self.count_fleet, guard.signal_guard, guard.take_room, guard.liveness, self.live_holders, self.running_episodes, self.quarantined_nodes,
                 self.check_node, self.kubelet_boot_id, self.gpu_pods, self.current_policy, self.hardware_ids,
                 self.inventory, self.running_holders]
 

@@ -40,6 +40,20 @@ def test_reserved_slots_stay_within_free_room_and_the_cap_per_controller():
     assert guard_room.by_controller(s) == {"a": 4, "b": 4}
 
 
+def test_a_pool_holds_at_most_half_the_room_others_do_not_hold():
+    """Not all the free room: another controller's cordon, or one that asks the guard, is not
+    deferred while room sits unused in a pool (guard-room-half)."""
+    s, policy, new = GuardState(), GuardPolicy(room_ahead=16), ids()
+    a = guard_room.reserve(s, RoomRequest(controller="a", want=16), policy, T0, 10, new, half=True)
+    assert len(a.new) == 5, "half of the 10 free"
+    again = guard_room.reserve(s, RoomRequest(controller="a", want=16, keep=a.new), policy, T0, 5, new, half=True)
+    assert not again.new and set(again.held) == set(a.new), "renewed, not grown past half"
+    b = guard_room.reserve(s, RoomRequest(controller="b", want=16), policy, T0, 5, new, half=True)
+    assert len(b.new) == 2, "half of what a does not hold"
+    last = guard_room.reserve(s, RoomRequest(controller="c", want=16), policy, T0, 1, new, half=True)
+    assert not last.new, "the last free slot is left for a cordon that asks"
+
+
 def test_a_slot_handed_out_and_never_told_lapses_while_kept_ones_are_renewed():
     s, policy, new = GuardState(), GuardPolicy(room_ahead=4, room_ttl=timedelta(minutes=10)), ids()
     first = guard_room.reserve(s, RoomRequest(controller="a", want=2), policy, T0, None, new)
@@ -130,28 +144,42 @@ async def test_a_storm_through_reserved_room_never_passes_max_unhealthy(dev_env,
     assert peak == 3, f"{peak} cordoned at most: max_unhealthy 3 held, and used"
 
 
-async def test_room_kept_unused_is_taken_back_for_a_fault_that_waits(dev_env, uniq):
-    """Another controller's episode (no room of its own) asks while this pool keeps every slot: it is
-    deferred, and the pool's next renewal gives the room back to it."""
+async def test_a_pool_keeps_half_the_room_and_gives_it_back_to_a_fault_that_waits(dev_env, uniq):
+    """A pool keeps half the free room, so another controller's episode (no room of its own) is
+    admitted at once; its second fault, with no room left, is deferred, and the pool's next renewal
+    gives its slot back to it."""
     fleet = pooled_fleet(dev_env, uniq, 2)
     first = fleet.add(FakeNode(f"first-{uniq}", [xid(48)], cured_by="reset"))
-    waits = fleet.add(FakeNode(f"waits-{uniq}", [xid(48)], cured_by="reset"))
+    hold = asyncio.Event()  # the other controller's nodes stay quarantined meanwhile
+    other = [fleet.add(FakeNode(f"o{i}-{uniq}", [xid(48)], cured_by="reset", hold=hold)) for i in range(2)]
     async with fleet.workers():
-        fleet.room.start(fleet.cluster)
-        await (await fleet.report(first.name)).result()  # starts the guard; the pool then keeps both slots
+        try:
+            actions = await _half_then_back(fleet, first, other)
+        finally:
+            hold.set()  # else the held drains keep the workers from shutting down
+    assert not any("deferred" in a.summary for a in actions[0]), "admitted at once: room was left free"
+    assert any("deferred" in a.summary for a in actions[1]), "the second waited for the slot the pool held"
 
-        async def both_kept() -> bool:
-            return fleet.room.held(fleet.cluster) == 2
 
-        await wait_for(both_kept, timeout=20)
-        fleet.room.take = lambda cluster, now: ""  # this episode is another controller's
-        handle = await fleet.report(waits.name)
+async def _half_then_back(fleet, first, other):
+    fleet.room.start(fleet.cluster)
+    await (await fleet.report(first.name)).result()  # starts the guard; the pool then keeps a slot
 
-        async def cordoned() -> bool:
-            return waits.cordoned
+    async def one_kept() -> bool:
+        return fleet.room.held(fleet.cluster) == 1
 
-        await wait_for(cordoned, timeout=30)
-        st = await guard_status(fleet)
-        assert len(st.unhealthy) + sum(st.room_reserved.values()) <= 2, st
-        actions = (await handle.query(NodeRemediation.status)).actions
-    assert any("deferred" in a.summary for a in actions), "it waited for room the pool held"
+    await wait_for(one_kept, timeout=20)
+    await asyncio.sleep(0.5)
+    assert fleet.room.held(fleet.cluster) == 1, "half the free room, never all of it"
+    fleet.room.take = lambda cluster, now: ""  # these episodes are another controller's
+    handles = []
+    for n in other:
+        handles.append(await fleet.report(n.name))
+        await wait_for(lambda n=n: _async(n.cordoned), timeout=30)
+    st = await guard_status(fleet)
+    assert len(st.unhealthy) + sum(st.room_reserved.values()) <= 2, st
+    return [(await h.query(NodeRemediation.status)).actions for h in handles]
+
+
+async def _async(value: bool) -> bool:
+    return value
