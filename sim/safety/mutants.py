@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 
-MUTANTS = ["dry_run", "lease", "agent_missing", "kill_filter", "stale_requests"]
+MUTANTS = ["dry_run", "lease", "agent_missing", "kill_filter", "stale_requests", "room_limit"]
 
 
 @contextlib.contextmanager
@@ -60,6 +60,15 @@ def applied(name: str | None):
 
         # The stale-request check gone: a duplicate of a request already given back is granted.
         patch(FleetGuard, "_stale", lambda self, req: False)
+    elif name == "room_limit":
+        from workflows import guard_room
+
+        reserve = guard_room.reserve
+
+        def reserve_past_the_limit(s, req, policy, now, free, new_token, reclaim=False, half=False):
+            # The free-room bound gone: a pool reserves up to room_ahead whatever max_unhealthy leaves.
+            return reserve(s, req, policy, now, None, new_token, reclaim, half)
+        patch(guard_room, "reserve", reserve_past_the_limit)
     try:
         yield
     finally:

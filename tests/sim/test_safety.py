@@ -15,7 +15,7 @@ from sim.safety.schedule import make_schedule
 CI_SCHEDULES = int(os.environ.get("SAFETY_SCHEDULES", "300"))
 # Which invariant each safeguard keeps (sim/safety/mutants.py switches it off).
 MUTANT_FINDS = {"dry_run": "dry-run", "lease": "max_disruptive", "agent_missing": "replace", "kill_filter": "kill",
-                "stale_requests": "lease"}
+                "stale_requests": "lease", "room_limit": "max_unhealthy"}
 # Seeds past CI's count that a long soak found a defect with: run in the gate too, first.
 # 385: a duplicate lease request after the lease went back, a phantom holder (guard-stale-requests);
 # 669, 780: an admission acted on a node its episode had replaced (admission-recheck-after-episode);
