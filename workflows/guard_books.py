@@ -58,14 +58,6 @@ class GuardBooks(GuardGates):
         for old in list(self.s.news_at)[:max(0, len(self.s.news_at) - MAX_NEWS_KEPT)]:
             del self.s.news_at[old]
         return True
-        last = self.s.news_at.get(node)
-        if last is not None and sent_at < last:
-            return False
-        self.s.news_at.pop(node, None)  # re-inserted: the newest last, the oldest dropped first
-        self.s.news_at[node] = sent_at
-        for old in list(self.s.news_at)[:max(0, len(self.s.news_at) - MAX_NEWS_KEPT)]:
-            del self.s.news_at[old]
-        return True
 
     def _stale(self, req: LeaseRequest) -> bool:
         """A request for a lease its holder already gave back (a duplicate, or delivered late)."""
