@@ -143,8 +143,7 @@ class FleetGuard(GuardBooks):
         elif notice.healthy:
             self.s.unhealthy.pop(notice.node, None)
         elif notice.admission and self._new():
-            if not any(a.holder == notice.holder for a in self.s.admissions):
-                self.s.admissions.append(notice)
+            self._queue_admission(notice)
         else:
             if self.s.unhealthy.get(notice.node) != notice.holder:
                 self.s.fault_times.append(workflow.now())

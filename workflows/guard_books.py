@@ -14,6 +14,7 @@ with workflow.unsafe.imports_passed_through():
     import api as c
     from api.guard import (
         MAX_NEWS_KEPT,
+        FaultNotice,
         Lease,
         LeaseRequest,
         QuarantineAnswer,
@@ -29,6 +30,8 @@ with workflow.unsafe.imports_passed_through():
 
 
 class GuardBooks(GuardGates):
+    _asking_in: list | None = None  # the admissions list `_asking` holds the holders of
+    _asking: set[str]
     _relearning: object
     _answers: list
     _paged: bool
@@ -55,9 +58,19 @@ class GuardBooks(GuardGates):
             return False
         self.s.news_at.pop(key, None)  # re-inserted: the newest last, the oldest dropped first
         self.s.news_at[key] = sent_at
-        for old in list(self.s.news_at)[:max(0, len(self.s.news_at) - MAX_NEWS_KEPT)]:
-            del self.s.news_at[old]
+        while len(self.s.news_at) > MAX_NEWS_KEPT:  # not a copy of 20,000 keys per notice
+            del self.s.news_at[next(iter(self.s.news_at))]
         return True
+
+    def _queue_admission(self, notice: FaultNotice) -> None:
+        """Each holder waits in the queue once. A set beside the list, not a scan of it: a storm's
+        thousands of notices arrive in one activation, and a scan per notice took the guard past
+        the SDK's deadlock timeout (guard storm, 2,000 of 10,000). Rebuilt whenever the list is a new one."""
+        if self._asking_in is not self.s.admissions:
+            self._asking_in, self._asking = self.s.admissions, {a.holder for a in self.s.admissions}
+        if notice.holder not in self._asking:
+            self._asking.add(notice.holder)
+            self.s.admissions.append(notice)
 
     def _stale(self, req: LeaseRequest) -> bool:
         """A request for a lease its holder already gave back (a duplicate, or delivered late)."""

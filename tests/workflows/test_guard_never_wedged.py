@@ -226,8 +226,9 @@ async def test_messages_wake_the_guard_without_cancelling_its_recheck_timer(dev_
 
 
 async def test_a_cordon_the_guard_did_not_answer_in_time_is_counted_before_others_are_admitted(dev_env, uniq):
-    """Two faults with room for one, and a guard too slow to answer either within admission_timeout:
-    both cordon anyway, and each tells the guard first, so its books count both. Uncounted, the
+    """Two faults with room for one, and a stuck guard (no worker polls its queue) that answers
+    neither within admission_timeout: both cordon anyway, and each tells the guard first, so its
+    books count both. Uncounted, the
     second (deferred once the guard got to it) left room the guard gave to the next fault."""
     policy = quick_policy()
     policy.guard.max_unhealthy, policy.guard.admission_timeout = 1, timedelta(seconds=1)
@@ -258,3 +259,4 @@ async def test_a_cordon_the_guard_did_not_answer_in_time_is_counted_before_other
         for h in handles:
             actions = (await h.query(NodeRemediation.status)).actions
             assert any("the guard counts it quarantined" in (a.detail or "") for a in actions), actions
+            assert any("no worker polls the fleet guard's task queue" in (a.detail or "") for a in actions), actions
