@@ -36,6 +36,9 @@ with workflow.unsafe.imports_passed_through():
     from workflows.report_intake import fault_cleared
 
 RESEND_BACKOFF_CAP = 8  # a waiting episode re-sends its request at most every 8 x holder_check_interval
+# A guard that runs but has not answered within this many admission_timeouts (10 min by default) is
+# taken as stuck all the same: a bad node is not left in service on a guard's word that never comes.
+SLOW_GUARD_PATIENCE = 20
 
 
 class GuardClient(Episode):
@@ -143,7 +146,7 @@ class GuardClient(Episode):
         if not workflow.patched(PATCH_SLOW_GUARD_WAITS):
             return True  # before the patch: no answer in time was reason enough
         timeout, noted = self.policy.guard.admission_timeout, False
-        wait = timeout
+        wait, waited = timeout, timeout
         while True:
             live = await call_or_none(lambda why: None, c.GUARD_LIVENESS,
                                       GuardLivenessRequest(cluster=self.inp.cluster,
@@ -154,6 +157,8 @@ class GuardClient(Episode):
                 return False
             if live is None or live.stuck:
                 return live.why if live else "the guard's liveness could not be read"
+            if waited >= timeout * SLOW_GUARD_PATIENCE:
+                return f"the fleet guard runs but has not answered in {format_duration(waited)}"
             if not noted:
                 noted = True
                 self._record("quarantine", f"the fleet guard is slow to answer for {self.node}", False,
@@ -166,6 +171,7 @@ class GuardClient(Episode):
             except TimeoutError:
                 # Re-asked: a guard started afresh since knows no pending admission.
                 await self._signal_guard(GUARD_SIGNAL_FAULT, self._fault_notice(admission=True), started=True)
+                waited += wait
                 wait = min(wait * 2, timeout * RESEND_BACKOFF_CAP)
 
     async def _took_room_ahead(self) -> bool:

@@ -7,10 +7,13 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime, timedelta
 
+from temporalio import workflow
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.service import RPCError
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from activities.guard import guard_liveness
+from api.names import GUARD_WORKFLOW, guard_workflow_id
 from tests.workflows.fake_node import FakeNode
 from tests.workflows.fakes import xid
 from tests.workflows.test_guard_never_wedged import fleet_of, guard_status, quick_policy
@@ -70,3 +73,36 @@ async def _one_cordoned_one_deferred(fleet, nodes):
         n.hold.set()
     results = await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), 60)
     assert [r.outcome for r in results] == ["returned", "returned"], "the deferred one went next"
+
+
+@workflow.defn(name=GUARD_WORKFLOW)
+class DeafGuard:
+    """A guard that runs and is polled, and never answers (a bug, a lost notice)."""
+
+    @workflow.run
+    async def run(self, _inp: dict) -> None:
+        await workflow.wait_condition(lambda: False)
+
+
+async def test_a_guard_that_runs_but_never_answers_is_taken_as_stuck_in_the_end(dev_env, uniq):
+    """Slow is not forever: past SLOW_GUARD_PATIENCE admission_timeouts the cordon goes ahead, with
+    the reason, and the guard is told first."""
+    policy = quick_policy()
+    policy.guard.admission_timeout = timedelta(milliseconds=200)
+    fleet = fleet_of(dev_env, uniq, policy)
+    node = fleet.add(FakeNode(f"deaf-{uniq}", [xid(48)], cured_by="reset"))
+    deaf = f"deaf-guard-{uniq}"
+    await dev_env.client.start_workflow(GUARD_WORKFLOW, {}, id=guard_workflow_id(fleet.cluster), task_queue=deaf)
+    async with Worker(dev_env.client, task_queue=deaf, workflows=[DeafGuard],
+                            workflow_runner=UnsandboxedWorkflowRunner()), fleet.workers():
+        handle = await fleet.report(node.name)
+        await wait_for(lambda: _async(node.cordoned), timeout=30)
+        actions = (await handle.query(NodeRemediation.status)).actions
+        await dev_env.client.get_workflow_handle(guard_workflow_id(fleet.cluster)).terminate()
+    slow = [a for a in actions if "slow to answer" in a.summary]
+    anyway = [a.detail for a in actions if "cordoning anyway" in (a.detail or "")]
+    assert slow and anyway and "runs but has not answered in" in anyway[0], actions
+
+
+async def _async(value: bool) -> bool:
+    return value
