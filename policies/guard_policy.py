@@ -40,7 +40,7 @@ class GuardPolicy(Strict):
     )
     room_ahead: int = Field(
         default=0, ge=0,
-        description="Quarantine slots the guard reserves ahead for each controller process while there is room under max_unhealthy: a cordon in a reserved slot needs no round trip to the guard (counted from the moment it is reserved). 0 (the default until it is proven on real fleets): every cordon asks the guard first. A pool keeps at most half the room other pools do not hold, so other cordons are not deferred while room sits in a pool.",
+        description="Quarantine slots the guard reserves ahead for each controller process while there is room under max_unhealthy: a cordon in a reserved slot needs no round trip to the guard (counted from the moment it is reserved). 0 (the default until it is proven on real fleets): every cordon asks the guard first. A pool is granted at most half the room other pools do not hold, so other cordons find room while a pool has plenty.",
     )
     room_ttl: Duration = Field(
         default=timedelta(minutes=10),
@@ -48,7 +48,7 @@ class GuardPolicy(Strict):
     )
     admission_timeout: Duration = Field(
         default=timedelta(seconds=30),
-        description="How long an episode waits for the guard's answer before it looks at the guard: one that runs with a worker taking its tasks is slow and waited for; a stuck one (not running, its task failing, no worker) does not stop the cordon.",
+        description="How long an episode waits for the guard's answer before it looks at the guard: one that runs with a worker taking its tasks is slow and waited for, up to 20 times this; one seen stuck twice in a row (not running, its task failing, no worker) does not stop the cordon.",
     )
 
     @field_validator("max_disruptive", "max_unhealthy")

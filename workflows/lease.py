@@ -145,24 +145,29 @@ class GuardClient(Episode):
         cordon past max_unhealthy (guard storm, 2,000 of 10,000: 1,631 quarantined against 1,000)."""
         if not workflow.patched(PATCH_SLOW_GUARD_WAITS):
             return True  # before the patch: no answer in time was reason enough
-        timeout, noted = self.policy.guard.admission_timeout, False
-        wait, waited = timeout, timeout
+        timeout, noted, doubt = self.policy.guard.admission_timeout, False, ""
+        wait, asked = timeout, workflow.now() - timeout
         while True:
             live = await call_or_none(lambda why: None, c.GUARD_LIVENESS,
                                       GuardLivenessRequest(cluster=self.inp.cluster,
-                                                           stale_after=max(60.0, 2 * timeout.total_seconds())),
+                                                           stale_after=max(180.0, 2 * timeout.total_seconds())),
                                       GuardLiveness, summary="is the fleet guard stuck or slow",
                                       timeout=timedelta(seconds=30), attempts=2)
             if answered():
                 return False
-            if live is None or live.stuck:
-                return live.why if live else "the guard's liveness could not be read"
-            if waited >= timeout * SLOW_GUARD_PATIENCE:
-                return f"the fleet guard runs but has not answered in {format_duration(waited)}"
+            # Stuck only when seen twice in a row, a wait and a re-send apart: in a storm, one task
+            # past the deadlock timeout or a rate-limited describe must not cordon thousands at once.
+            now_doubt = (live.why if live.stuck else "") if live else "the guard's liveness could not be read"
+            if now_doubt and doubt:
+                return now_doubt
+            doubt = now_doubt
+            if workflow.now() - asked >= timeout * SLOW_GUARD_PATIENCE:
+                return f"the fleet guard runs but has not answered in {format_duration(workflow.now() - asked)}"
             if not noted:
                 noted = True
                 self._record("quarantine", f"the fleet guard is slow to answer for {self.node}", False,
-                             f"{live.why}: waiting for its answer, uncordoned (max_unhealthy holds)")
+                             f"{doubt or live.why}: waiting for its answer, uncordoned, up to "
+                             f"{format_duration(timeout * SLOW_GUARD_PATIENCE)} (max_unhealthy holds)")
                 self._set_details("the fleet guard's answer (it is slow)")
             try:
                 await workflow.wait_condition(answered, timeout=wait,
@@ -171,7 +176,6 @@ class GuardClient(Episode):
             except TimeoutError:
                 # Re-asked: a guard started afresh since knows no pending admission.
                 await self._signal_guard(GUARD_SIGNAL_FAULT, self._fault_notice(admission=True), started=True)
-                waited += wait
                 wait = min(wait * 2, timeout * RESEND_BACKOFF_CAP)
 
     async def _took_room_ahead(self) -> bool:
