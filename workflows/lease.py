@@ -104,12 +104,13 @@ class GuardClient(Episode):
             await self._signal_guard(GUARD_SIGNAL_FAULT, self._fault_notice(admission=True), started=self.s.guard_notified)
             self.s.admission, self.s.guard_notified = GuardAnswer.ASKED, True
         done = lambda: self.s.admission == GuardAnswer.ADMITTED or self._fault_cleared() or self.s.cancel_reason is not None  # noqa: E731
+        answered = lambda: done() or self.s.admission == GuardAnswer.DEFERRED  # noqa: E731
         stuck: str | bool = False
         try:
-            await workflow.wait_condition(lambda: done() or self.s.admission == GuardAnswer.DEFERRED, timeout=timeout,
+            await workflow.wait_condition(answered, timeout=timeout,
                                           timeout_summary=f"the fleet guard's answer for {self.node}")
         except TimeoutError:
-            stuck = await self._guard_stuck(lambda: done() or self.s.admission == GuardAnswer.DEFERRED)
+            stuck = await self._guard_stuck(answered)
         if stuck:
             counted = self._counted_before_cordon
             if counted:
