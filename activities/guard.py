@@ -88,20 +88,6 @@ class GuardActivities:
         seen = [p.last_access_time.ToDatetime(tzinfo=UTC) for p in resp.pollers if p.HasField("last_access_time")]
         return max(seen, default=None)
 
-    @activity.defn(name=c.GUARD_LIVE_HOLDERS)
-    async def live_holders(self, req: c.LiveHoldersRequest) -> c.LiveHoldersResult:
-        running = []
-        for holder in req.holders:
-            try:
-                desc = await self.client.get_workflow_handle(holder).describe()
-            except RPCError as err:
-                if err.status == RPCStatusCode.NOT_FOUND:
-                    continue
-                raise
-            if desc.status == WorkflowExecutionStatus.RUNNING:
-                running.append(holder)
-        return c.LiveHoldersResult(running=running)
-
     @activity.defn(name=c.GUARD_RUNNING_HOLDERS)
     async def running_holders(self, req: c.LiveHoldersRequest) -> c.LiveHoldersResult:
         """Which of the ids run now: one paged visibility listing of the running episodes and

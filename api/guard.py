@@ -232,6 +232,5 @@ class GuardStatus(BaseModel):
     grants: int = Field(default=0, description="Leases granted by this guard's runs so far.")
     policy: GuardPolicy | None = None
     policy_changes: list[str] = Field(default_factory=list)
-    behaviour: str = Field(default="", description="Why this run keeps older behaviour, if it does.")
     room_reserved: dict[str, int] = Field(default_factory=dict, description="Quarantine slots reserved ahead, by "
                                           "controller (counted against max_unhealthy).")

@@ -29,7 +29,6 @@ LEDGER_LAST_STARTED = "ledger.last_started"
 LEDGER_LOAD_FIGURES = "ledger.load_figures"
 LEDGER_BASELINE = "ledger.baseline"
 GUARD_SIGNAL = "guard.signal"
-GUARD_LIVE_HOLDERS = "guard.live_holders"
 GUARD_RUNNING_EPISODES = "guard.running_episodes"
 GUARD_RUNNING_HOLDERS = "guard.running_holders"
 GUARD_TAKE_ROOM = "guard.take_room"  # local: a quarantine slot the guard reserved ahead for this controller

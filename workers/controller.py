@@ -71,7 +71,7 @@ def controller_activities(kube: KubeActivities, cloud: CloudActivities, ledger: 
     return [kube.quarantine, kube.return_to_service, kube.attribute_pods, kube.drain, kube.event, kube.fleet_size,
             kube.check_node, kube.quarantined_nodes,
             cloud.reboot, cloud.replace, cloud.boot_id, ledger.record, ledger.count_recent, ledger.denylist,
-            ledger.check_denied, ledger.admit, ledger.admitted, ledger.last_started, guard.signal_guard, guard.live_holders,
+            ledger.check_denied, ledger.admit, ledger.admitted, ledger.last_started, guard.signal_guard,
             guard.running_holders, guard.take_room, guard.liveness,
             guard.running_episodes, profiles.current, profiles.expectations, profiles.record_baseline,
             *LoadFigureActivities(ledger.ledger).activities()]
@@ -132,11 +132,9 @@ async def tell_guard_the_policy(client: Client, cluster: str, guard: GuardPolicy
     try:
         await handle.execute_update(FleetGuard.set_policy, args=[guard, client.identity],
                                     rpc_timeout=timedelta(seconds=10))
-        # A guard run from before an upgrade meets the new behaviour now, not at its next
-        # continue-as-new (which may be months away); `gpuheal guard` says which it runs.
-        st = await handle.execute_update(FleetGuard.upgrade, args=[client.identity], rpc_timeout=timedelta(seconds=10))
-        if st.behaviour:
-            log.warning("fleet guard %s: %s", cluster, st.behaviour)
+        # The running guard takes the deployed code's patches now, not at its next continue-as-new
+        # (which may be months away).
+        await handle.execute_update(FleetGuard.upgrade, args=[client.identity], rpc_timeout=timedelta(seconds=10))
     except Exception as err:  # noqa: BLE001 - a closed guard, a timeout: the controller serves on
         if not (isinstance(err, RPCError) and err.status == RPCStatusCode.NOT_FOUND):  # none yet: nothing to say
             log.warning("could not give fleet guard %s the policy: %s", cluster, err)

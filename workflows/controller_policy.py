@@ -11,14 +11,6 @@ with workflow.unsafe.imports_passed_through():
     import api as c
     from workflows.calls import call
 
-# workflow.patched id: histories from before took the policy from their input.
-PATCH_CONTROLLER_POLICY = "controller-policy"
-
-
-def controller_policy_applies() -> bool:
-    return workflow.patched(PATCH_CONTROLLER_POLICY)
-
-
 async def take_controller_policy(node: str) -> c.PolicySnapshot:
     """Retried until the controller answers: an episode must not act on a policy it was not given."""
     return await call(c.POLICY_CURRENT, c.PolicyRequest(node=node), c.PolicySnapshot, summary="the controller's policy",

@@ -1,5 +1,5 @@
 """What every part of a NodeRemediation episode shares: its state, its record of steps (the
-history and `status` show it), which patches it runs under, and how it calls activities."""
+history and `status` show it), and how it calls activities."""
 
 from __future__ import annotations
 
@@ -25,23 +25,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from policies.model import Policy, RungPolicy
     from workflows.calls import call, call_or_none
-    from workflows.episode_constants import (
-        ISSUE22_PATCHES,
-        ISSUE22_REDTEAM_PATCHES,
-        MAX_ACTIONS_KEPT,
-        MAX_RUN_IDS_KEPT,
-        PATCH_AGENT_GPUS,
-        PATCH_BOUNDED_STATE,
-        PATCH_DO_NO_HARM,
-        PATCH_EPISODE_IDENTITY,
-        PATCH_GUARD_ADMISSION,
-        PATCH_LATE_REPORTS,
-        PATCH_LOCAL_CLUSTER_CALLS,
-        PATCH_QUARANTINE_HOLD,
-        PATCH_STICKY_CONDITIONS,
-        PATCH_TRUSTED_INTAKE,
-    )
-    from workflows.outcome import PATCH_OUTCOME_LEDGER
+    from workflows.episode_constants import MAX_ACTIONS_KEPT, MAX_RUN_IDS_KEPT
 
 
 def node_of(workflow_id: str, fallback: str) -> str:
@@ -57,53 +41,6 @@ class Episode:
     policy: Policy
     node: str
     s: RemediationState
-
-    # --- patches: histories from before each replay without it ---------------------------------
-    def _bounded(self) -> bool:
-        """Bounded reports and state (see PATCH_BOUNDED_STATE)."""
-        return workflow.patched(PATCH_BOUNDED_STATE)
-
-    def _guard_admission(self) -> bool:
-        """Quarantine admitted by the guard, endings told to it, lease requests re-sent (PATCH_GUARD_ADMISSION)."""
-        return workflow.patched(PATCH_GUARD_ADMISSION)
-
-    def _no_harm(self) -> bool:
-        """The do-no-harm rules (see PATCH_DO_NO_HARM)."""
-        return workflow.patched(PATCH_DO_NO_HARM)
-
-    def _trusted_intake(self) -> bool:
-        """Reports cannot steer intake (see PATCH_TRUSTED_INTAKE)."""
-        return workflow.patched(PATCH_TRUSTED_INTAKE)
-
-    def _identity(self) -> bool:
-        """Node from the workflow id, cluster and history limit from the controller (PATCH_EPISODE_IDENTITY)."""
-        return workflow.patched(PATCH_EPISODE_IDENTITY)
-
-    def _holds(self) -> bool:
-        """A node left quarantined is held for a person (PATCH_QUARANTINE_HOLD)."""
-        return workflow.patched(PATCH_QUARANTINE_HOLD)
-    def _decide_issue22(self) -> None:
-        """Issue 22's fixes, decided once when the run starts (before any activity's marker): a run
-        started before them keeps the old behaviour, and meets the new one at continue-as-new."""
-        self._issue22 = {p for p in (*ISSUE22_PATCHES, *ISSUE22_REDTEAM_PATCHES) if workflow.patched(p)}
-
-    def _fixed(self, patch: str) -> bool:
-        """Whether this run has issue 22's fix `patch` (episode_constants.ISSUE22_PATCHES)."""
-        return patch in self._issue22
-
-    def _sticky(self) -> bool:
-        """Conditions set before the node's last episode are no news (PATCH_STICKY_CONDITIONS)."""
-        return workflow.patched(PATCH_STICKY_CONDITIONS)
-
-    def _late_reports(self) -> bool:
-        """Reports during the close are recorded (PATCH_LATE_REPORTS)."""
-        return workflow.patched(PATCH_LATE_REPORTS)
-
-    def _local_cluster_calls(self) -> bool:
-        """Short cluster-side calls (cordon, pod marks, events, ledger, guard signals) run as local
-        activities in the controller: one marker event each instead of three events and a workflow
-        task, and no task-queue round trip before the cordon."""
-        return workflow.patched(PATCH_LOCAL_CLUSTER_CALLS)
 
     # --- activities: each kind states its failure rule once (workflows/calls.py) ---------------
     async def _kube(self, name: str, req: BaseModel, result_type: type, summary: str,
@@ -125,9 +62,11 @@ class Episode:
                           max_interval=max_interval)
 
     def _cluster(self, summary: str, timeout: timedelta, heartbeat: timedelta | None = None) -> dict:
-        """A controller-side activity: local where it is short (no heartbeat), else a regular one."""
-        return {"summary": summary, "timeout": timeout, "heartbeat": heartbeat,
-                "local": heartbeat is None and self._local_cluster_calls()}
+        """A controller-side activity: local where it is short (no heartbeat), else a regular one.
+        Short cluster calls (cordon, pod marks, events, ledger, guard signals) run as local activities:
+        one marker event each instead of three events and a workflow task, and no task-queue round
+        trip before the cordon."""
+        return {"summary": summary, "timeout": timeout, "heartbeat": heartbeat, "local": heartbeat is None}
 
     async def _cloud(self, name: str, req: BaseModel, result_type: type, summary: str, rp: RungPolicy):
         """The rung's cloud call: a failure raises, and the rung records it and climbs on."""
@@ -146,22 +85,18 @@ class Episode:
         info = workflow.info()
         if info.run_id not in self.s.run_ids:
             self.s.run_ids.append(info.run_id)
-            if self._bounded() and len(self.s.run_ids) > MAX_RUN_IDS_KEPT:
+            if len(self.s.run_ids) > MAX_RUN_IDS_KEPT:
                 # The first run id names the episode (idempotency keys, the ledger): it stays.
                 self.s.run_ids = [self.s.run_ids[0], *self.s.run_ids[-(MAX_RUN_IDS_KEPT - 1):]]
-        # Decided before any local activity's marker (see _take_controller_policy); read at the
-        # episode's close, when the ledger record carries its outcome (workflows/outcome.py).
-        workflow.patched(PATCH_OUTCOME_LEDGER)
         if self.s.started_at is None:
             self.s.started_at = workflow.now()
             if workflow.info().typed_search_attributes.get(SA_NODE) is None:
                 self._upsert(SA_NODE.value_set(self.node), SA_STAGE.value_set(self.s.stage.value))
 
     def _record(self, step: str, summary: str, ok: bool, detail: str = "") -> None:
-        if self._bounded():
-            summary, detail = summary[:300], detail[:1000]
+        summary, detail = summary[:300], detail[:1000]
         self.s.actions.append(ActionRecord(at=workflow.now(), step=step, summary=summary, ok=ok, detail=detail))
-        if self._bounded() and len(self.s.actions) > MAX_ACTIONS_KEPT:
+        if len(self.s.actions) > MAX_ACTIONS_KEPT:
             self.s.actions = self.s.actions[-MAX_ACTIONS_KEPT:]  # the whole list is in the history
         self._set_details()
 
@@ -188,10 +123,10 @@ class Episode:
         return f"{workflow.info().workflow_id}/{self.s.run_ids[0]}"
 
     def _gpus(self) -> list[int]:
-        """The GPUs kill and reset target: the fault's, and (target-agent-gpus-only) of those only the
-        ones the node's own agent named."""
+        """The GPUs kill and reset target: of the fault's, only the ones the node's own agent named (a
+        report from anyone else naming a GPU must not signal that GPU's tenants)."""
         gpus = self.s.triage.gpus if self.s.triage else []
-        return [g for g in gpus if g in self.s.agent_gpus] if self._fixed(PATCH_AGENT_GPUS) else gpus
+        return [g for g in gpus if g in self.s.agent_gpus]
 
     def _gpus_unconfirmed(self) -> list[int]:
         """The fault's GPUs that no report from the node's own agent named (nothing may target them)."""

@@ -15,7 +15,6 @@ with workflow.unsafe.imports_passed_through():
     from api.guard import LeaseGrant, QuarantineAnswer
     from api.names import HOLDER_SIGNAL_GRANTED, HOLDER_SIGNAL_QUARANTINE
     from policies.terms import Rung
-    from workflows.episode_constants import PATCH_APPROVE_RUNG
     from workflows.episode_status import episode_status
     from workflows.lease import GuardClient
     from workflows.report_intake import describe, record_rejection, take_report
@@ -35,17 +34,13 @@ class EpisodeHandlers(GuardClient):
         try:
             raw = workflow.payload_converter().from_payload(payload.payload)
         except Exception as err:  # noqa: BLE001 - any bad payload is a rejection, not a task failure
-            if not self._trusted_intake():
-                workflow.logger.warning("dropped an undecodable report for %s: %s", self.node, err)
-                return
             raw, why = payload.payload.data[:200], f"undecodable report: {type(err).__name__}: {str(err)[:200]}"
         else:
             why = take_report(self.s, raw, node=self.node, generation=self.inp.generation, policy=self.policy,
-                              bounded=self._bounded, no_harm=self._no_harm, trusted=self._trusted_intake,
                               now_us=int(workflow.now().timestamp() * 10**6))
         if self.s.held:
             self._hold_news = True  # the held episode looks at the node again
-        if self.s.stage is Stage.DONE and self._late_reports():
+        if self.s.stage is Stage.DONE:
             # The episode has decided and is closing: this report is not acted on. Said where a person
             # looks; the sender's next report (the agent re-sends while unhealthy) starts a new episode.
             self.s.late_reports += 1
@@ -94,8 +89,6 @@ class EpisodeHandlers(GuardClient):
 
     @workflow.update
     def approve(self, rung: str = "", by: str = "") -> RemediationStatus:
-        if not self._fixed(PATCH_APPROVE_RUNG):
-            by = by or rung  # callers before approve-names-rung sent only who asked
         self.s.approved.append(self.s.awaiting_approval)
         self._asked("approve", by, self.s.awaiting_approval.value)
         return self._answer()
@@ -105,7 +98,7 @@ class EpisodeHandlers(GuardClient):
         if self.s.awaiting_approval is None:
             raise ValueError("nothing awaits approval")
         waiting = self.s.awaiting_approval.value
-        if self._fixed(PATCH_APPROVE_RUNG) and rung != waiting:
+        if rung != waiting:
             # The operator approves what they saw: a rung the episode moved past or to since is not approved.
             said = f"you approved {rung!r}" if rung else "no rung named"
             raise ValueError(f"{said}, but {self.node} awaits approval to {waiting}: nothing approved "

@@ -39,17 +39,6 @@ with workflow.unsafe.imports_passed_through():
         CANARY_FAILED,
         CANARY_PROVEN,
         LEFT_QUARANTINE,
-        PATCH_GUARD_CHECK_BEFORE_NEW_RUN,
-        PATCH_GUARD_GRANTS_TOGETHER,
-        PATCH_GUARD_IDLE_RECHECK,
-        PATCH_GUARD_NEVER_WEDGED,
-        PATCH_GUARD_ORDERED_NEWS,
-        PATCH_GUARD_PAGED_CHECK,
-        PATCH_GUARD_REGRANT_WAITS,
-        PATCH_GUARD_ROOM_COUNTS_OTHERS,
-        PATCH_GUARD_STALE_REQUESTS,
-        PATCH_GUARD_STEADY_RECHECK,
-        PATCH_GUARD_UPGRADE,
     )
     from workflows.guard_status import guard_details, guard_status
 
@@ -66,17 +55,6 @@ class FleetGuard(GuardBooks):
         self._regrant_ids: dict[str, str] = {}  # holder -> the request id its re-grant echoes
         self._answers: list[tuple[str, QuarantineAnswer]] = []
         self._relearning = None
-        # Decided once per run, here: queries (read-only) read it too.
-        self._never_wedged = workflow.patched(PATCH_GUARD_NEVER_WEDGED)
-        self._idle_recheck = workflow.patched(PATCH_GUARD_IDLE_RECHECK)
-        self._paged = workflow.patched(PATCH_GUARD_PAGED_CHECK)
-        self._regrant_waits = workflow.patched(PATCH_GUARD_REGRANT_WAITS)
-        self._steady_recheck = workflow.patched(PATCH_GUARD_STEADY_RECHECK)
-        self._stale_requests = workflow.patched(PATCH_GUARD_STALE_REQUESTS)
-        self._room_counts_others = workflow.patched(PATCH_GUARD_ROOM_COUNTS_OTHERS)
-        self._ordered_news = workflow.patched(PATCH_GUARD_ORDERED_NEWS)
-        self._check_before_new_run = workflow.patched(PATCH_GUARD_CHECK_BEFORE_NEW_RUN)
-        self._grants_together = workflow.patched(PATCH_GUARD_GRANTS_TOGETHER)
         self._rechecks: list[tuple[datetime, asyncio.Task]] = []  # re-check timers still to fire, by due time
         self._holder_check = None
         self._upgrade = False
@@ -92,29 +70,29 @@ class FleetGuard(GuardBooks):
             # A holder asking again (after continue-as-new, say) gets its grant again.
             self._regrant.add(req.holder)
             self._regrant_ids[req.holder] = req.request_id
-            if self._stale_requests and req.request_id:
+            if req.request_id:
                 self.s.holders = [h.model_copy(update={"request_id": req.request_id}) if h.holder == req.holder else h
                                   for h in self.s.holders]
         elif not any(w.holder == req.holder for w in self.s.waiters):
             self.s.waiters.append(req)
-            if self._new():
-                self.s.waiting_since[req.holder] = workflow.now()
+            self.s.waiting_since[req.holder] = workflow.now()
         self._wake = True
 
     @workflow.signal(name=c.GUARD_SIGNAL_RELEASE)
     def release(self, rel: LeaseRelease) -> None:
         self._news(rel.node, rel.holder, rel.sent_at)
         canary = any(h.holder == rel.holder and h.canary for h in self.s.holders)
-        if self._stale_requests:
-            given_back = [h.request_id for h in self.s.holders if h.holder == rel.holder]
-            given_back += [w.request_id for w in self.s.waiters if w.holder == rel.holder]
-            if given_back and given_back[0]:
-                self.s.released.pop(rel.holder, None)  # re-inserted: the newest last, the oldest dropped first
-                self.s.released[rel.holder] = given_back[0]
-                for old in list(self.s.released)[:max(0, len(self.s.released) - MAX_RELEASED_KEPT)]:
-                    del self.s.released[old]
+        # Remembered so a duplicate or late request for this lease is stale (`_stale`): granted, it
+        # kept a phantom holder in the budget (safety simulation, seed 385).
+        given_back = [h.request_id for h in self.s.holders if h.holder == rel.holder]
+        given_back += [w.request_id for w in self.s.waiters if w.holder == rel.holder]
+        if given_back and given_back[0]:
+            self.s.released.pop(rel.holder, None)  # re-inserted: the newest last, the oldest dropped first
+            self.s.released[rel.holder] = given_back[0]
+            for old in list(self.s.released)[:max(0, len(self.s.released) - MAX_RELEASED_KEPT)]:
+                del self.s.released[old]
         self._drop_holder(rel.holder)
-        if rel.outcome is None or not self._new():
+        if rel.outcome is None:
             return
         self.s.deferred = [d for d in self.s.deferred if d.holder != rel.holder]
         self.s.admissions = [a for a in self.s.admissions if a.holder != rel.holder]
@@ -131,7 +109,7 @@ class FleetGuard(GuardBooks):
             workflow.logger.warning("guard %s: stale fault notice for %s from %s ignored: newer news from that sender came first",
                                     self.inp.cluster, notice.node[:200], notice.holder[:200])
             return
-        if notice.room_token and self._new():
+        if notice.room_token:
             # Cordoned in a slot reserved ahead: the slot becomes the node. One the guard does not
             # hold (lapsed, or a guard started afresh) is counted all the same: the node is cordoned.
             if self.s.room.pop(notice.room_token, None) is None:
@@ -142,7 +120,7 @@ class FleetGuard(GuardBooks):
             self.s.unhealthy[notice.node] = notice.holder
         elif notice.healthy:
             self.s.unhealthy.pop(notice.node, None)
-        elif notice.admission and self._new():
+        elif notice.admission:
             self._queue_admission(notice)
         else:
             if self.s.unhealthy.get(notice.node) != notice.holder:
@@ -203,14 +181,10 @@ class FleetGuard(GuardBooks):
 
     @workflow.update
     def upgrade(self, by: str = "") -> GuardStatus:
-        """A run started before guard-never-wedged continues as new at its next pass, taking the new
-        behaviour; the quarantine requests it left unanswered are admitted first (it counted those
-        nodes unhealthy already). A current run: nothing to do."""
-        if not self._never_wedged and workflow.patched(PATCH_GUARD_UPGRADE):
-            workflow.logger.warning("guard %s: continuing as new for the new behaviour (asked by %s)",
-                                    self.inp.cluster, by[:100] or "?")
-            self._answers += [(h, QuarantineAnswer(admitted=True)) for h in sorted(set(self.s.unhealthy.values())) if h]
-            self._upgrade, self._wake = True, True
+        """Sent at every controller start: the run continues as new at its next pass, so a long-lived
+        guard runs the code deployed since rather than replaying a long history on it."""
+        workflow.logger.info("guard %s: continuing as new (asked by %s)", self.inp.cluster, by[:100] or "?")
+        self._upgrade, self._wake = True, True
         return self.status()
 
     @workflow.query
@@ -219,7 +193,7 @@ class FleetGuard(GuardBooks):
     # --- main loop -----------------------------------------------------------------------------
     @workflow.run
     async def run(self, inp: GuardInput) -> None:
-        if self._new() and inp.state is None and not workflow.info().continued_run_id:
+        if inp.state is None and not workflow.info().continued_run_id:
             # Beside the loop: cordons are answered meanwhile (the API's taints and every ending
             # correct the count), leases wait until the holders are known.
             self._relearning = asyncio.create_task(self._relearn())
@@ -228,63 +202,51 @@ class FleetGuard(GuardBooks):
             if self.s.fleet_size:
                 await self._admit()  # a cordon is answered first: every millisecond counts for the jobs
                 await self._answer()
-            # The order of the steps is the order of their commands: old histories replay it.
+            # The order of the steps is the order of their commands: replay depends on it.
             await self._count_fleet_if_due()
             await self._admit()
             self._update_breaker()
             self._update_canary()
             await self._announce()
-            await self._check_holders_if_due()
+            self._check_holders_if_due()
             await self._answer()
             await self._grant()
             metrics.guard_state(inp.cluster, len(self.s.holders), self._budget(), len(self.s.waiters),
                                 self.s.breaker_open, **metrics.fleet_figures(self.s, workflow.now()))
-            checking = self._check_before_new_run and self._holder_check is not None and not self._holder_check.done()
-            if (self._upgrade or workflow.info().is_continue_as_new_suggested()) and not checking:
+            # Not while the holder check runs beside the loop: its activity and result would be
+            # abandoned. An upgrade also waits for the relearning: the next run would not learn again.
+            checking = self._holder_check is not None and not self._holder_check.done()
+            upgrade = self._upgrade and not self._learning()
+            if (upgrade or workflow.info().is_continue_as_new_suggested()) and not checking:
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(GuardInput(cluster=inp.cluster, policy=self.policy, state=self.s))
-            if self._steady_recheck:
-                self._arm_recheck()
-                await workflow.wait_condition(lambda: self._wake or (bool(self._regrant) and self._may_grant()))
-                continue
-            try:
-                await workflow.wait_condition(
-                    lambda: self._wake or (bool(self._regrant) and self._may_grant()), timeout=self._next_deadline(),
-                    timeout_summary="re-check breaker and lease holders",
-                )
-            except TimeoutError:
-                pass
+            # A message is a wake, not a new deadline: the re-check timer is left to fire.
+            self._arm_recheck()
+            await workflow.wait_condition(lambda: self._wake or (bool(self._regrant) and self._may_grant()))
 
     def _may_grant(self) -> bool:
-        """No lease before the guard knows who holds one. (Before PATCH_GUARD_REGRANT_WAITS a re-grant
-        held back by that woke the loop at once, again and again: one workflow task that never
-        ended, and the guard wedged.)"""
-        return not self._regrant_waits or not self._learning() or self._forced()
+        """No lease before the guard knows who holds one: a re-grant held back waits for the learning
+        to end (waking the loop at once, again and again, it spun inside one workflow task: a wedge)."""
+        return not self._learning() or self._forced()
 
     async def _grant(self) -> None:
         if self._learning() and not self._forced():
             return  # no lease before the guard knows who holds one
-        grants: list[tuple[str, str]] = []
-        for holder in sorted(self._regrant):
-            if self._grants_together:
-                grants.append((holder, self._regrant_ids.pop(holder, "")))
-            else:
-                await self._signal_grant(holder, self._regrant_ids.pop(holder, ""))
+        grants = [(holder, self._regrant_ids.pop(holder, "")) for holder in sorted(self._regrant)]
         self._regrant.clear()
         while self.s.waiters and len(self.s.holders) < self._budget():
             req = self.s.waiters.pop(0)
             self.s.waiting_since.pop(req.holder, None)
-            canary = bool(self._new() and self.s.canary_budget) and not self._forced()
+            canary = bool(self.s.canary_budget) and not self._forced()
             self.s.holders.append(Lease(holder=req.holder, node=req.node, since=workflow.now(), canary=canary,
-                                        request_id=req.request_id if self._stale_requests else ""))
+                                        request_id=req.request_id))
             self.s.grants += 1
             self.s.max_seen_holders = max(self.s.max_seen_holders, len(self.s.holders))
             if self.s.forced is not None and self.s.forced.leases > 0:
                 self.s.forced = self.s.forced.model_copy(update={"leases": self.s.forced.leases - 1})
-            if self._grants_together:
-                grants.append((req.holder, req.request_id))
-            else:
-                await self._signal_grant(req.holder, req.request_id)
+            grants.append((req.holder, req.request_id))
+        # Together, not one awaited signal (one workflow task) each: a storm's hundreds of grants
+        # held every quarantine answer back past the episodes' admission_timeout.
         await asyncio.gather(*(self._signal_grant(h, r) for h, r in grants))
         workflow.set_current_details(guard_details(self))
 

@@ -24,8 +24,8 @@ with workflow.unsafe.imports_passed_through():
     )
     from api.names import HOLDER_SIGNAL_QUARANTINE
     from workflows import guard_room
-    from workflows.calls import call, call_or_none
-    from workflows.guard_constants import MAX_DEFERRED_KEPT, PATCH_GUARD_ROOM_HALF
+    from workflows.calls import call_or_none
+    from workflows.guard_constants import MAX_DEFERRED_KEPT
     from workflows.guard_gates import GuardGates
 
 
@@ -34,7 +34,6 @@ class GuardBooks(GuardGates):
     _asking: set[str]
     _relearning: object
     _answers: list
-    _paged: bool
     _holder_check: asyncio.Task | None
 
     def _learning(self) -> bool:
@@ -50,7 +49,7 @@ class GuardBooks(GuardGates):
     def _news(self, node: str, holder: str, sent_at: datetime | None) -> bool:
         """Notes the latest news time of the node from this sender; False when this message is older
         (stale). Only one sender's times are compared: two workflows' clocks need not agree."""
-        if not self._ordered_news or sent_at is None or not node:
+        if sent_at is None or not node:
             return True
         key = f"{node}\n{holder}"
         last = self.s.news_at.get(key)
@@ -74,14 +73,12 @@ class GuardBooks(GuardGates):
 
     def _stale(self, req: LeaseRequest) -> bool:
         """A request for a lease its holder already gave back (a duplicate, or delivered late)."""
-        return self._stale_requests and bool(req.request_id) and self.s.released.get(req.holder) == req.request_id
+        return bool(req.request_id) and self.s.released.get(req.holder) == req.request_id
 
     # --- quarantine admission -------------------------------------------------------------------
     async def _admit(self) -> None:
         """Deferred faults first (oldest first), then new ones: admitted while at most max_unhealthy
         nodes are quarantined, else deferred, each told once."""
-        if not self._new():
-            return
         now, new = workflow.now(), self.s.admissions
         self.s.admissions = []
         guard_room.lapse(self.s, now)
@@ -112,30 +109,29 @@ class GuardBooks(GuardGates):
         if not self.policy.defer_quarantine or limit is None:
             return True
         taken = len(self.s.unhealthy) + len(self.s.room)  # slots reserved ahead are taken (guard_room.py)
-        if not self._room_counts_others:
-            return node in self.s.unhealthy or taken < limit
         # Its own episode asking again is in already. Any other entry for the node (a taint seen at
-        # the last reconcile, maybe lifted since) gives no free room: the others must leave some.
+        # the last reconcile, maybe lifted since) gives no free room: the others must leave some
+        # (given at once, a lifted node's next fault went over max_unhealthy: safety soak, seed 791).
         return self.s.unhealthy.get(node) == holder or taken - (node in self.s.unhealthy) < limit
 
     def _reserve_room(self, req: RoomRequest) -> RoomGrant:
         reclaim = self._room_wanted_elsewhere()
         self._wake = self._wake or reclaim  # room taken back goes to the faults waiting for it
         return guard_room.reserve(self.s, req, self.policy, workflow.now(), self._free_room(),
-                                  lambda: workflow.uuid4().hex, reclaim, workflow.patched(PATCH_GUARD_ROOM_HALF))
+                                  lambda: workflow.uuid4().hex, reclaim, half=True)
 
     def _room_wanted_elsewhere(self) -> bool:
         """Reserved room a controller keeps unused is taken back: faults wait for room, the guard is
         learning its holders back, room_ahead is 0, or a lowered limit leaves the books over it."""
         limit = self._max_unhealthy() if self.policy.defer_quarantine else None
         over = limit is not None and len(self.s.unhealthy) + len(self.s.room) > limit
-        return (not self._new() or self._learning() or bool(self.s.deferred or self.s.admissions)
+        return (self._learning() or bool(self.s.deferred or self.s.admissions)
                 or self.policy.room_ahead == 0 or over)
 
     def _free_room(self) -> int | None:
         """How many slots may be reserved ahead now (None: no max_unhealthy applies; none while the
         fleet's size is unknown). Asked only when the room is not wanted elsewhere
-        (`_room_wanted_elsewhere`: an old run, learning, faults waiting), which reserves nothing."""
+        (`_room_wanted_elsewhere`: learning, faults waiting), which reserves nothing."""
         if not self.policy.defer_quarantine:
             return None
         limit = self._max_unhealthy()
@@ -152,9 +148,7 @@ class GuardBooks(GuardGates):
             except FailureError:
                 # The holder is gone; its node may still be quarantined (an ending left it for a
                 # person): counted, holder unknown, until the reconcile reads the taints.
-                keep = "" if self._ordered_news else None
-                self.s.unhealthy = {n: (keep if h == holder else h) for n, h in self.s.unhealthy.items()
-                                    if h != holder or keep is not None}
+                self.s.unhealthy = {n: ("" if h == holder else h) for n, h in self.s.unhealthy.items()}
                 self.s.deferred = [d for d in self.s.deferred if d.holder != holder]
 
         await asyncio.gather(*(answer_one(h, a) for h, a in answers))
@@ -175,29 +169,21 @@ class GuardBooks(GuardGates):
             self.s.fleet_size = size
 
 
-    async def _check_holders_if_due(self) -> None:
+    def _check_holders_if_due(self) -> None:
         """Holders, waiters and quarantined nodes whose episode is gone must not count forever: a
-        node stays unhealthy only while its episode runs or it still carries gpuheal's taint."""
+        node stays unhealthy only while its episode runs or it still carries gpuheal's taint. The
+        check runs beside the loop: grants and admissions go on meanwhile."""
         now, p = workflow.now(), self.policy
-        new = self._new()
-        if not self.s.holders and not (new and (self.s.unhealthy or self.s.waiters or self.s.deferred)):
+        if not (self.s.holders or self.s.unhealthy or self.s.waiters or self.s.deferred):
             return
         if self.s.last_holder_check and now - self.s.last_holder_check < p.holder_check_interval:
             return
         if self._holder_check is not None and not self._holder_check.done():
             return  # the last one still runs beside the loop
         self.s.last_holder_check = now
-        ids = {h.holder for h in self.s.holders}
-        if new:
-            ids |= {w.holder for w in self.s.waiters} | {h for h in self.s.unhealthy.values() if h}
-            ids |= {d.holder for d in self.s.deferred}
-        if self._paged:
-            self._holder_check = asyncio.create_task(self._check_beside(ids))
-            return
-        # Retried until it works: a holder dropped on a guess could exceed the budget.
-        live = await call(c.GUARD_LIVE_HOLDERS, c.LiveHoldersRequest(holders=sorted(ids)), c.LiveHoldersResult,
-                          summary=f"check {len(ids)} lease holders still run", timeout=timedelta(seconds=30))
-        await self._reconcile(ids, live.running, new)
+        ids = {h.holder for h in self.s.holders} | {w.holder for w in self.s.waiters}
+        ids |= {h for h in self.s.unhealthy.values() if h} | {d.holder for d in self.s.deferred}
+        self._holder_check = asyncio.create_task(self._check_beside(ids))
 
     async def _check_beside(self, ids: set[str]) -> None:
         """The holder check beside the loop: one paged listing (heartbeating), a bounded retry; a
@@ -208,17 +194,15 @@ class GuardBooks(GuardGates):
                                   summary=f"check {len(ids)} lease holders still run", timeout=timedelta(minutes=10),
                                   heartbeat=timedelta(seconds=30), attempts=5, max_interval=timedelta(seconds=30))
         if live is not None:
-            await self._reconcile(ids, live.running, True)
+            await self._reconcile(ids, live.running)
         self._wake = True
 
-    async def _reconcile(self, ids: set[str], running: list[str], new: bool) -> None:
+    async def _reconcile(self, ids: set[str], running: list[str]) -> None:
         # Only what was checked can be gone: holders learnt back, requests and faults that arrived
         # while the activity ran were not asked about.
         gone = ids - set(running)
         for h in [h.holder for h in self.s.holders if h.holder in gone]:
             self._drop_holder(h)
-        if not new:
-            return
         for w in [w.holder for w in self.s.waiters if w.holder in gone]:
             self._drop_holder(w)
         self.s.deferred = [d for d in self.s.deferred if d.holder not in gone]

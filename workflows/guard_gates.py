@@ -37,8 +37,8 @@ def _over_max_unhealthy(g: GuardGates) -> str | None:
     return None
 
 
-# In order: the first that holds is the reason given. A held gate stops new leases (before
-# guard-never-wedged) or makes them trickle as canaries (since).
+# In order: the first that holds is the reason given. A held gate makes new leases trickle as
+# canaries (or stops them, with the canary trickle turned off).
 GATES = (Gate("storm breaker", _storm), Gate("max_unhealthy", _over_max_unhealthy))
 
 
@@ -49,14 +49,7 @@ class GuardGates:
     policy: GuardPolicy
     s: GuardState
     _wake: bool
-    _never_wedged: bool
-    _room_counts_others: bool
-    _ordered_news: bool
-    _idle_recheck: bool
     _rechecks: list[tuple[datetime, asyncio.Task]]
-
-    def _new(self) -> bool:
-        return self._never_wedged
 
     def _limit(self) -> int:
         return resolve_limit(self.policy.max_disruptive, self.s.fleet_size)
@@ -66,7 +59,7 @@ class GuardGates:
         return resolve_limit(self.policy.max_unhealthy, self.s.fleet_size) if self.s.fleet_size else None
 
     def _gate(self) -> str | None:
-        """Why new leases stop (before never-wedged) or trickle (since): the first gate that holds."""
+        """Why new leases trickle (or stop, with no canary trickle): the first gate that holds."""
         return next((why for gate in GATES if (why := gate.holds(self)) is not None), None)
 
     def _forced(self) -> bool:
@@ -80,8 +73,6 @@ class GuardGates:
             return limit
         if self.s.paused:
             return 0
-        if not self._new():
-            return 0 if self._gate() else limit
         if self._gate() and not self.policy.canary:
             return 0
         return min(limit, self.s.canary_budget) if self.s.canary_budget else limit
@@ -89,7 +80,7 @@ class GuardGates:
 
     # --- canaries -------------------------------------------------------------------------------
     def _update_canary(self) -> None:
-        if not self._new() or not self.policy.canary:
+        if not self.policy.canary:
             return
         gate = self._gate()
         if gate and not self.s.canary_budget:
@@ -147,8 +138,7 @@ class GuardGates:
     def _next_deadline(self) -> timedelta:
         p, now = self.policy, workflow.now()
         # Idle, nothing is due on a clock: a message wakes the guard, and it counts the fleet then.
-        waits = [max(p.idle_recheck, p.holder_check_interval) if self._idle_recheck and self._idle()
-                 else p.holder_check_interval]
+        waits = [max(p.idle_recheck, p.holder_check_interval) if self._idle() else p.holder_check_interval]
         if self.s.breaker_open and self.s.calm_since is not None:
             waits.append(p.storm_cooldown - (now - self.s.calm_since))
         if self.s.fault_times:

@@ -8,7 +8,6 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     from api.guard import GuardStatus, Waiting
     from workflows import guard_room
-    from workflows.guard_constants import OLD_BEHAVIOUR
 
 
 def guard_status(g) -> GuardStatus:  # g: the FleetGuard (imported by it, so not imported here)
@@ -25,7 +24,6 @@ def guard_status(g) -> GuardStatus:  # g: the FleetGuard (imported by it, so not
                          reason=g._waiter_reason()) for w in s.waiters],
         deferred=s.deferred, forced=s.forced, policy=g.policy, policy_changes=s.policy_changes,
         breaker_opened_at=s.breaker_opened_at, grants=s.grants,
-        behaviour="" if g._never_wedged else OLD_BEHAVIOUR + (": continuing as new now" if g._upgrade else ""),
         room_reserved=guard_room.by_controller(s),
     )
 

@@ -9,7 +9,6 @@ from datetime import timedelta
 
 from pydantic import BaseModel
 from temporalio import workflow
-from temporalio.exceptions import FailureError
 
 with workflow.unsafe.imports_passed_through():
     import api as c
@@ -27,12 +26,6 @@ with workflow.unsafe.imports_passed_through():
     from policies.durations import format_duration
     from workflows.calls import call_or_none
     from workflows.episode import Episode
-    from workflows.episode_constants import (
-        PATCH_GRANT_NEEDS_ID,
-        PATCH_LEASE_REQUEST_IDS,
-        PATCH_PAUSE_BEFORE_DRAIN,
-        PATCH_SLOW_GUARD_WAITS,
-    )
     from workflows.report_intake import fault_cleared
 
 RESEND_BACKOFF_CAP = 8  # a waiting episode re-sends its request at most every 8 x holder_check_interval
@@ -44,15 +37,9 @@ SLOW_GUARD_PATIENCE = 20
 class GuardClient(Episode):
     """The episode's side of the lease."""
 
-    async def _signal_guard(self, signal: str, arg: BaseModel, started: bool = False) -> None:
-        """Signal-with-start through an activity the first time, so the guard exists when needed;
-        a plain external signal (two events, no activity) once this episode knows it runs."""
-        if started and not self._local_cluster_calls():
-            try:
-                await workflow.get_external_workflow_handle(c.guard_workflow_id(self.inp.cluster)).signal(signal, arg)
-                return
-            except FailureError:
-                pass  # the guard was terminated or reset: start it again below
+    async def _signal_guard(self, signal: str, arg: BaseModel) -> None:
+        """Signal-with-start through a local activity, so the guard exists whenever it is needed
+        (one marker event; a guard terminated or reset since is started again)."""
         await self._ledger(
             c.GUARD_SIGNAL,
             c.GuardSignalRequest(cluster=self.inp.cluster, guard=self.policy.guard, task_queue=self.inp.guard_task_queue,
@@ -71,11 +58,8 @@ class GuardClient(Episode):
     def _take_grant(self, grant: LeaseGrant) -> None:
         """A grant is the lease only for the request outstanding: one that arrives after the lease was
         given back (a re-grant of a re-sent request, a duplicate) would have a drain run with no
-        holder at the guard."""
-        # A grant with no id came from a guard that predates request ids: taken while a request was out,
-        # until grant-needs-request-id (the guard echoes the id; an id-less grant proves nothing).
-        named = {self.s.lease_request_id} if self._fixed(PATCH_GRANT_NEEDS_ID) else {self.s.lease_request_id, ""}
-        if self._fixed(PATCH_LEASE_REQUEST_IDS) and not (self.s.lease_requested and grant.request_id in named):
+        holder at the guard, and one with no id proves nothing (the guard echoes the id)."""
+        if not (self.s.lease_requested and grant.request_id == self.s.lease_request_id):
             # Counted and logged, not a step of the record: a re-grant arriving after the lease went
             # back is routine, and the record's steps time the episode's phases.
             self.s.stray_grants += 1
@@ -87,7 +71,7 @@ class GuardClient(Episode):
     async def _tell_guard(self, healthy: bool) -> None:
         if (healthy and not self.s.guard_notified) or self.policy.dry_run:
             return
-        await self._signal_guard(GUARD_SIGNAL_FAULT, self._fault_notice(healthy=healthy), started=self.s.guard_notified)
+        await self._signal_guard(GUARD_SIGNAL_FAULT, self._fault_notice(healthy=healthy))
         self.s.guard_notified = not healthy
 
     async def _admitted_to_quarantine(self) -> bool:
@@ -97,29 +81,27 @@ class GuardClient(Episode):
         if self.s.admission == GuardAnswer.ADMITTED:
             return True
         # Asked only where the policy reserves room: no local activity for nothing on every cordon.
-        if not self.s.admission and self._room_ahead and self.policy.guard.room_ahead and await self._took_room_ahead():
+        if not self.s.admission and self.policy.guard.room_ahead and await self._took_room_ahead():
             return True
         timeout = self.policy.guard.admission_timeout
         if not self.s.admission:
-            await self._signal_guard(GUARD_SIGNAL_FAULT, self._fault_notice(admission=True), started=self.s.guard_notified)
+            await self._signal_guard(GUARD_SIGNAL_FAULT, self._fault_notice(admission=True))
             self.s.admission, self.s.guard_notified = GuardAnswer.ASKED, True
         done = lambda: self.s.admission == GuardAnswer.ADMITTED or self._fault_cleared() or self.s.cancel_reason is not None  # noqa: E731
         answered = lambda: done() or self.s.admission == GuardAnswer.DEFERRED  # noqa: E731
-        stuck: str | bool = False
+        stuck = ""
         try:
             await workflow.wait_condition(answered, timeout=timeout,
                                           timeout_summary=f"the fleet guard's answer for {self.node}")
         except TimeoutError:
             stuck = await self._guard_stuck(answered)
         if stuck:
-            counted = self._counted_before_cordon
-            if counted:
-                # Told before the cordon, as a fault the guard counts at once: a slow guard's books
-                # must hold this node, or it admits others into room this one already took.
-                await self._signal_guard(GUARD_SIGNAL_FAULT, self._fault_notice(), started=True)
+            # Told before the cordon, as a fault the guard counts at once: a slow guard's books
+            # must hold this node, or it admits others into room this one already took.
+            await self._signal_guard(GUARD_SIGNAL_FAULT, self._fault_notice())
             self._record("quarantine", f"no answer from the fleet guard for {self.node}", False,
-                         f"none within {timeout}: cordoning anyway (a bad node is not left in service)"
-                         + ("; the guard counts it quarantined" if counted else "") + (f"; {stuck}" if stuck is not True else ""))
+                         f"none within {timeout}: cordoning anyway (a bad node is not left in service); "
+                         f"the guard counts it quarantined; {stuck}")
             self.s.admission = GuardAnswer.ADMITTED
             return True
         if self.s.admission == GuardAnswer.DEFERRED and not done():
@@ -132,20 +114,18 @@ class GuardClient(Episode):
                     await workflow.wait_condition(done, timeout=self.policy.guard.holder_check_interval,
                                                   timeout_summary=f"{self.node}'s quarantine request, re-sent")
                 except TimeoutError:
-                    await self._signal_guard(GUARD_SIGNAL_FAULT, self._fault_notice(admission=True), started=True)
+                    await self._signal_guard(GUARD_SIGNAL_FAULT, self._fault_notice(admission=True))
             if self.s.admission == GuardAnswer.ADMITTED:
                 self._record("quarantine", f"quarantine of {self.node} admitted by the fleet guard", True)
         if self.s.admission != GuardAnswer.ADMITTED and self._fault_cleared():
             self._finish(Outcome.HEALTHY, "the fault cleared while its quarantine was deferred; nothing done")
         return self.s.admission == GuardAnswer.ADMITTED
 
-    async def _guard_stuck(self, answered: Callable[[], bool]) -> str | bool:
+    async def _guard_stuck(self, answered: Callable[[], bool]) -> str:
         """After admission_timeout with no answer: the reason the guard is stuck (the caller cordons
-        anyway), or False once it answered. A guard that runs and whose worker takes its tasks is
+        anyway), or "" once it answered. A guard that runs and whose worker takes its tasks is
         slow, not stuck: waited for, re-asked as the wait doubles, so a storm's late answers do not
         cordon past max_unhealthy (guard storm, 2,000 of 10,000: 1,631 quarantined against 1,000)."""
-        if not workflow.patched(PATCH_SLOW_GUARD_WAITS):
-            return True  # before the patch: no answer in time was reason enough
         timeout, noted, doubt = self.policy.guard.admission_timeout, False, ""
         wait, asked = timeout, workflow.now() - timeout
         while True:
@@ -155,7 +135,7 @@ class GuardClient(Episode):
                                       GuardLiveness, summary="is the fleet guard stuck or slow",
                                       timeout=timedelta(seconds=30), attempts=2)
             if answered():
-                return False
+                return ""
             # Stuck only when seen twice in a row, a wait and a re-send apart: in a storm, one task
             # past the deadlock timeout or a rate-limited describe must not cordon thousands at once.
             now_doubt = (live.why if live.stuck else "") if live else "the guard's liveness could not be read"
@@ -173,10 +153,10 @@ class GuardClient(Episode):
             try:
                 await workflow.wait_condition(answered, timeout=wait,
                                               timeout_summary=f"the slow fleet guard's answer for {self.node}")
-                return False
+                return ""
             except TimeoutError:
                 # Re-asked: a guard started afresh since knows no pending admission.
-                await self._signal_guard(GUARD_SIGNAL_FAULT, self._fault_notice(admission=True), started=True)
+                await self._signal_guard(GUARD_SIGNAL_FAULT, self._fault_notice(admission=True))
                 wait = min(wait * 2, timeout * RESEND_BACKOFF_CAP)
 
     async def _took_room_ahead(self) -> bool:
@@ -194,7 +174,7 @@ class GuardClient(Episode):
         """The slot becomes the node at the guard (told whether the cordon took or not: either way
         the node counts until its episode ends or the reconcile finds no taint)."""
         if self.s.room_token and not self.s.guard_notified:
-            await self._signal_guard(GUARD_SIGNAL_FAULT, self._fault_notice(room_token=self.s.room_token), started=True)
+            await self._signal_guard(GUARD_SIGNAL_FAULT, self._fault_notice(room_token=self.s.room_token))
             self.s.guard_notified = True
 
     def _fault_cleared(self) -> bool:
@@ -208,20 +188,17 @@ class GuardClient(Episode):
             # A dry run disrupts nothing, so it must not take budget from real remediations.
             return self._record("lease", f"would take a disruption lease for {self.node}", True, "dry run")
         if not self.s.lease_requested:
-            if self._fixed(PATCH_LEASE_REQUEST_IDS):
-                self.s.lease_requests += 1
-                self.s.lease_request_id = f"{self._episode()}/{self.s.lease_requests}"
-                if self._fixed(PATCH_GRANT_NEEDS_ID):
-                    # Not derivable from what `status` shows (the run ids): a grant must echo what the
-                    # guard was sent (workflow.uuid4 is replay-safe).
-                    self.s.lease_request_id += f"/{workflow.uuid4().hex[:12]}"
-                self.s.lease_requested = True  # before the signal: its grant may arrive while it is sent
-            await self._signal_guard(GUARD_SIGNAL_REQUEST, self._lease_request(), started=self.s.guard_notified)
+            self.s.lease_requests += 1
+            # Not derivable from what `status` shows (the run ids): a grant must echo what the guard
+            # was sent (workflow.uuid4 is replay-safe).
+            self.s.lease_request_id = f"{self._episode()}/{self.s.lease_requests}/{workflow.uuid4().hex[:12]}"
+            self.s.lease_requested = True  # before the signal: its grant may arrive while it is sent
+            await self._signal_guard(GUARD_SIGNAL_REQUEST, self._lease_request())
             self.s.lease_requested = True
         self._set_details("waiting for a disruption lease from the fleet guard")
         asked = workflow.now()
         every = self.policy.guard.holder_check_interval
-        while self._guard_admission():
+        while True:
             # The request is sent again now and then: a guard started afresh learns its waiters back.
             # Each wait doubles, up to RESEND_BACKOFF_CAP times the first, so a long pause adds a
             # few events an hour to each waiter's history instead of one re-send per interval.
@@ -231,10 +208,8 @@ class GuardClient(Episode):
                                               timeout_summary=f"{self.node}'s lease request, re-sent")
                 break
             except TimeoutError:
-                await self._signal_guard(GUARD_SIGNAL_REQUEST, self._lease_request(), started=True)
-                if self._lease_backoff:
-                    every = min(every * 2, self.policy.guard.holder_check_interval * RESEND_BACKOFF_CAP)
-        await workflow.wait_condition(lambda: self.s.lease_held or self._steered() or self._paused_wait())
+                await self._signal_guard(GUARD_SIGNAL_REQUEST, self._lease_request())
+                every = min(every * 2, self.policy.guard.holder_check_interval * RESEND_BACKOFF_CAP)
         if self.s.lease_held:
             waited = workflow.now() - asked
             # How long the fleet held it back is part of the runbook (a pause, the budget, a storm).
@@ -242,16 +217,13 @@ class GuardClient(Episode):
                          f"after waiting {format_duration(waited)}" if waited >= timedelta(seconds=1) else "")
 
     def _paused_wait(self) -> bool:
-        """A pause wakes the lease wait (pause-before-drain): the grant is not taken while paused."""
-        return self.s.paused and self._fixed(PATCH_PAUSE_BEFORE_DRAIN)
+        """A pause wakes the lease wait: the grant is not taken while paused."""
+        return self.s.paused
 
     async def _lease_unpaused(self) -> bool:
         """The disruption lease, taken and kept only while the episode is not paused: a pause given
         while it waited for approval or for the lease holds the drain until resume (the lease or its
         request goes back meanwhile). False: steered away (cancel or skip)."""
-        if not self._fixed(PATCH_PAUSE_BEFORE_DRAIN):
-            await self._acquire_lease()
-            return not self._steered()
         while True:
             await self._hold_while_paused()
             if self._steered():
@@ -270,28 +242,17 @@ class GuardClient(Episode):
     async def _release_lease(self, outcome: str | None = None) -> None:
         if not (self.s.lease_held or self.s.lease_requested):
             return
-        release = LeaseRelease(holder=workflow.info().workflow_id, node=self.node,
-                               outcome=outcome if self._guard_admission() else None, sent_at=workflow.now())
-        if self._local_cluster_calls():
-            await self._signal_guard(GUARD_SIGNAL_RELEASE, release)
-        else:
-            await workflow.get_external_workflow_handle(c.guard_workflow_id(self.inp.cluster)).signal(
-                GUARD_SIGNAL_RELEASE, release)
+        await self._signal_guard(GUARD_SIGNAL_RELEASE, LeaseRelease(
+            holder=workflow.info().workflow_id, node=self.node, outcome=outcome, sent_at=workflow.now()))
         self.s.lease_held = self.s.lease_requested = False
 
     async def _tell_guard_the_ending(self) -> None:
-        if self._guard_admission():
-            # Every ending tells the guard (lease, canary, unhealthy count) once it was involved.
-            s = self.s
-            if s.guard_notified or s.lease_held or s.lease_requested or s.admission:
-                await self._signal_guard(GUARD_SIGNAL_RELEASE, LeaseRelease(
-                    holder=workflow.info().workflow_id, node=self.node, outcome=s.outcome.value, sent_at=workflow.now()))
-                s.lease_held = s.lease_requested = False
-            return
-        await self._release_lease()
-        if self.s.outcome is Outcome.REPLACED:
-            # The node leaves the fleet: it no longer counts as unhealthy. Other endings keep it cordoned.
-            await self._tell_guard(healthy=True)
+        # Every ending tells the guard (lease, canary, unhealthy count) once it was involved.
+        s = self.s
+        if s.guard_notified or s.lease_held or s.lease_requested or s.admission:
+            await self._signal_guard(GUARD_SIGNAL_RELEASE, LeaseRelease(
+                holder=workflow.info().workflow_id, node=self.node, outcome=s.outcome.value, sent_at=workflow.now()))
+            s.lease_held = s.lease_requested = False
 
     async def _hold_while_paused(self) -> None:
         """Held until resume or cancel (a skip given meanwhile applies on resume). A long pause gives
@@ -300,7 +261,7 @@ class GuardClient(Episode):
             return
         self._set_details()
         released = lambda: not self.s.paused or self.s.cancel_reason is not None  # noqa: E731
-        if self.s.lease_held and self._no_harm():
+        if self.s.lease_held:
             limit = self.policy.pause_releases_lease_after
             try:
                 await workflow.wait_condition(released, timeout=limit, timeout_summary=f"pause of {self.node}")

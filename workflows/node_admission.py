@@ -16,25 +16,8 @@ with workflow.unsafe.imports_passed_through():
     from api.names import GUARD_SIGNAL_RELEASE, GUARD_SIGNAL_REQUEST, HOLDER_SIGNAL_GRANTED
     from policies.model import Policy
     from workflows.calls import call, cause
-    from workflows.controller_policy import (
-        controller_policy_applies,
-        ignored_fields,
-        policy_taken,
-        take_controller_policy,
-    )
-    from workflows.episode_constants import PATCH_NODE_PROFILES
-    from workflows.validation import PATCH_LOAD_VALIDATION, validate_twice
-
-# workflow.patched id: the node is the workflow id's and must exist and be ours, its hardware ids come
-# from its own agent, a node admitted before with that hardware is left alone, and a replace takes
-# approval and a disruption lease like any other (issue 22: 3).
-PATCH_ADMISSION_TRUSTED = "admission-trusted"
-# A node with a remediation episode running is not tainted or validated until that episode ends.
-PATCH_ADMISSION_NOT_BESIDE_EPISODE = "admission-not-beside-episode"
-# After waiting for that episode, the node is checked again: one it replaced (the old host, still
-# registered) or left quarantined for a person is not tainted or validated (safety soak, seed 669);
-# nor is one an earlier episode left quarantined before the admission started (red-team review).
-PATCH_ADMISSION_RECHECK = "admission-recheck-after-episode"
+    from workflows.controller_policy import ignored_fields, policy_taken, take_controller_policy
+    from workflows.validation import validate_twice
 
 
 @workflow.defn(name=c.ADMISSION_WORKFLOW)
@@ -46,7 +29,6 @@ class NodeAdmission:
         self.granted = False
         self.awaiting_approval = False
         self.approved_by: str | None = None
-        self._beside_episode_check = False  # PATCH_ADMISSION_NOT_BESIDE_EPISODE, decided at the start
 
     @workflow.query
     def actions_so_far(self) -> list[ActionRecord]:
@@ -72,73 +54,39 @@ class NodeAdmission:
 
     @workflow.run
     async def run(self, inp: AdmissionInput) -> AdmissionResult:
-        trusted_admission = workflow.patched(PATCH_ADMISSION_TRUSTED)  # before the first local activity
-        profiles = workflow.patched(PATCH_NODE_PROFILES)  # decided before the first local activity
-        load = workflow.patched(PATCH_LOAD_VALIDATION)  # before the first local activity
-        self._beside_episode_check = workflow.patched(PATCH_ADMISSION_NOT_BESIDE_EPISODE)  # likewise
-        self._recheck = workflow.patched(PATCH_ADMISSION_RECHECK)  # likewise
-        cluster = None
-        if controller_policy_applies():
-            snap = await take_controller_policy(inp.node)
-            trusted = {"policy": snap.policy, "expected_gpus": None}
-            if trusted_admission:
-                trusted |= {"node": c.node_in_workflow_id(workflow.info().workflow_id, "admit") or inp.node,
-                            "hardware_ids": []}
-                cluster = snap.cluster or "default"
-            ignored = ignored_fields(inp, trusted)
-            inp = self.inp = inp.model_copy(update=trusted)
-            self._record("policy", *policy_taken(snap, ignored))
-        if profiles and inp.policy.observe:
+        # Trust no starter: the policy is the controller's, the node the workflow id's, and its
+        # hardware ids come from its own agent (issue 22: 3).
+        snap = await take_controller_policy(inp.node)
+        trusted = {"policy": snap.policy, "expected_gpus": None,
+                   "node": c.node_in_workflow_id(workflow.info().workflow_id, "admit") or inp.node, "hardware_ids": []}
+        ignored = ignored_fields(inp, trusted)
+        inp = self.inp = inp.model_copy(update=trusted)
+        self._record("policy", *policy_taken(snap, ignored))
+        if inp.policy.observe:
             # Observe mode never cordons: the node is validated and its baseline recorded, untainted.
             inp = self.inp = inp.model_copy(update={"policy": inp.policy.model_copy(update={"dry_run": True})})
-        if trusted_admission:
-            served = cluster or "default"
-            named = c.cluster_in_workflow_id(workflow.info().workflow_id, "admit")
-            if named is not None and named != served:
-                # A second admission of the node beside its real one; legacy ids name no cluster.
-                return self._result(Outcome.REJECTED, f"rejected: the admission id names cluster {named}, the "
-                                    f"controller serves {served}", 0)
-            return await self._admit(inp, served, profiles, load)
-        await self._step(c.KUBE_QUARANTINE, c.QuarantineRequest(
-            node=inp.node, fault_class="unvalidated", reason="new node: validation pending",
-            taint_key=c.UNVALIDATED_TAINT, dry_run=inp.policy.dry_run), f"taint {inp.node} unvalidated")
-        denied = await self._step(c.LEDGER_CHECK_DENIED, c.CheckDeniedRequest(hardware_ids=inp.hardware_ids),
-                                  f"check {inp.node}'s hardware against the denylist", c.CheckDeniedResult)
-        if denied.denied:
-            hw, why = sorted(denied.denied.items())[0]
-            reason = f"hardware {hw} is denylisted ({why})"
-            await self._step(c.KUBE_EVENT, c.EventRequest(node=inp.node, reason="GpuHardwareDenied", type="Warning",
-                                                          message=reason, dry_run=inp.policy.dry_run),
-                             f"warn: {inp.node} carries denylisted hardware {hw}")
-            await self._step(c.CLOUD_REPLACE, c.ReplaceRequest(
-                node=inp.node, idempotency_key=f"{workflow.info().workflow_id}/{workflow.info().run_id}/replace",
-                mode=inp.policy.replacement, ownership_tag=inp.policy.ownership_tag, dry_run=inp.policy.dry_run),
-                f"replace {inp.node}: {reason}", c.ReplaceResult)
-            return self._result(Outcome.DENIED_ADMISSION, reason, 0)
-        passed = await validate_twice(inp.node, inp.policy.validation, inp.expected_gpus, self._record,
-                                      inp.policy.dry_run, tiers=("admission", "repair") if load else (None, None),
-                                      queue=self._node_queue(inp.node))
-        if passed < 2:
-            return self._result(Outcome.QUARANTINED, f"validation {passed + 1} of 2 failed: node stays tainted", passed)
-        if profiles:
-            await self._record_baseline(inp)
-        await self._step(c.KUBE_RETURN_TO_SERVICE, c.ReturnToServiceRequest(
-            node=inp.node, reason="admitted: validated twice", taint_keys=[c.UNVALIDATED_TAINT],
-            dry_run=inp.policy.dry_run), f"admit {inp.node}: remove the unvalidated taint")
-        return self._result(Outcome.HEALTHY, "validated twice; admitted", passed)
+        served = snap.cluster or "default"
+        named = c.cluster_in_workflow_id(workflow.info().workflow_id, "admit")
+        if named is not None and named != served:
+            # A second admission of the node beside its real one; legacy ids name no cluster.
+            return self._result(Outcome.REJECTED, f"rejected: the admission id names cluster {named}, the "
+                                f"controller serves {served}", 0)
+        return await self._admit(inp, served)
 
-    async def _admit(self, inp: AdmissionInput, cluster: str, profiles: bool, load: bool) -> AdmissionResult:
-        """Admission that trusts no starter: a re-start of an admitted node does nothing."""
+    async def _admit(self, inp: AdmissionInput, cluster: str) -> AdmissionResult:
+        """Admission that trusts no starter: a re-start of an admitted node does nothing, and a replace
+        takes approval and a disruption lease like any other."""
         node, p = inp.node, inp.policy
         found = await self._step(c.KUBE_CHECK_NODE, c.NodeCheckRequest(node=node),
                                  f"check {node} is a GPU node of this cluster", c.NodeCheckResult)
         if not (found.exists and found.ours):
             return self._result(Outcome.REJECTED, f"rejected: {found.reason}", 0)
-        waited = self._beside_episode_check and await self._wait_for_episode_end(node, cluster, p)
-        if self._recheck and (waited or found.quarantined):
-            # Asked again after the episode waited for, or with no episode and the taint there (an
-            # earlier one's hold, a person's to lift: an episode running at the first check may have
-            # returned the node since).
+        waited = await self._wait_for_episode_end(node, cluster, p)
+        if waited or found.quarantined:
+            # Asked again after the episode waited for (it may have replaced the node or left it
+            # quarantined for a person: safety soak, seed 669), or with no episode and the taint
+            # there (an earlier one's hold, a person's to lift: an episode running at the first check
+            # may have returned the node since).
             after = " after its remediation" if waited else ""
             found = await self._step(c.KUBE_CHECK_NODE, c.NodeCheckRequest(node=node), f"check {node} again" + (
                 after or f": it carried {c.QUARANTINE_TAINT}"), c.NodeCheckResult)
@@ -185,12 +133,10 @@ class NodeAdmission:
                     holder=workflow.info().workflow_id, node=node, outcome="replaced", sent_at=workflow.now()))
             return self._result(Outcome.DENIED_ADMISSION, reason, 0)
         passed = await validate_twice(node, p.validation, inp.expected_gpus, self._record, p.dry_run,
-                                      tiers=("admission", "repair") if load else (None, None),
-                                      queue=self._node_queue(node))
+                                      tiers=("admission", "repair"), queue=self._node_queue(node))
         if passed < 2:
             return self._result(Outcome.QUARANTINED, f"validation {passed + 1} of 2 failed: node stays tainted", passed)
-        if profiles:
-            await self._record_baseline(inp)
+        await self._record_baseline(inp)
         await self._step(c.KUBE_RETURN_TO_SERVICE, c.ReturnToServiceRequest(
             node=node, reason="admitted: validated twice", taint_keys=[c.UNVALIDATED_TAINT],
             dry_run=p.dry_run), f"admit {node}: remove the unvalidated taint")

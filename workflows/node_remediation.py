@@ -21,31 +21,14 @@ with workflow.unsafe.imports_passed_through():
     )
     from policies.classify import classify
     from policies.terms import Rung
-    from workflows.controller_policy import (
-        controller_policy_applies,
-        ignored_fields,
-        policy_taken,
-        take_controller_policy,
-    )
+    from workflows.controller_policy import ignored_fields, policy_taken, take_controller_policy
     from workflows.episode import node_of
-    from workflows.episode_constants import (
-        PATCH_CLOSE_BARRIER,
-        PATCH_COUNTED_BEFORE_CORDON,
-        PATCH_FIRST_REPORT_DEADLINE,
-        PATCH_KILL_IMPLICATED,
-        PATCH_LEASE_BACKOFF,
-        PATCH_NODE_PROFILES,
-        PATCH_REPEAT_PER_BOARD,
-        PATCH_REPLACE_ON_AGENT_RECURRENCE,
-        PATCH_ROOM_AHEAD,
-    )
     from workflows.episode_handlers import EpisodeHandlers
     from workflows.episode_status import id_refused
-    from workflows.outcome import PATCH_OUTCOME_LEDGER, outcome_fields
+    from workflows.outcome import outcome_fields
     from workflows.remediation_steps import RemediationSteps
     from workflows.rungs import RungActions
-    from workflows.suspect import PATCH_SUSPECT_LOAD_TEST, SuspectCheck
-    from workflows.validation import PATCH_LOAD_VALIDATION
+    from workflows.suspect import SuspectCheck
 
 
 @workflow.defn(name=c.EPISODE_WORKFLOW)
@@ -60,14 +43,10 @@ class NodeRemediation(EpisodeHandlers, RungActions, RemediationSteps, SuspectChe
         self.inp = inp
         self.policy = inp.policy
         # The node is the one the workflow id names (`remediate/<cluster>/<node>`), never what the start input says.
-        self.node = node_of(workflow.info().workflow_id, inp.node) if self._identity() else inp.node
+        self.node = node_of(workflow.info().workflow_id, inp.node)
         # Only a run this workflow continued carries state: a first run's input comes from whoever
         # sent the first report, and is never trusted with the episode's state.
         self.s = (inp.state if workflow.info().continued_run_id else None) or RemediationState()
-        self._decide_issue22()
-        self._profiles = False  # PATCH_NODE_PROFILES, decided with the other patches
-        self._lease_backoff = False  # PATCH_LEASE_BACKOFF, likewise
-        self._counted_before_cordon = self._room_ahead = False  # and these
         self._action_failed = ""  # why the rung just acted could not be done (rungs.py), read once
 
     # --- the runbook ---------------------------------------------------------------------------
@@ -75,10 +54,7 @@ class NodeRemediation(EpisodeHandlers, RungActions, RemediationSteps, SuspectChe
     async def run(self, inp: RemediationInput) -> RemediationResult:
         self._begin_run()
         await self._take_controller_policy()
-        if self._fixed(PATCH_FIRST_REPORT_DEADLINE):
-            await self._first_valid_report()
-        else:
-            await workflow.wait_condition(lambda: self.s.latest is not None)
+        await self._first_valid_report()
         steps = {
             Stage.TRIAGE: self._triage,
             Stage.LADDER: self._climb_one_rung,
@@ -99,26 +75,13 @@ class NodeRemediation(EpisodeHandlers, RungActions, RemediationSteps, SuspectChe
     async def _take_controller_policy(self) -> None:
         """The controller's policy, once per episode (a continued run carries it): the sender's
         policy, GPU count and guard queue in the start input are ignored, and the history says so."""
-        if not controller_policy_applies():
-            return
-        # Every patch is decided before the first local activity of a run: on replay, a patch
-        # marker after a local activity's marker in one workflow task is a nondeterminism error.
-        self._bounded(), self._no_harm(), self._local_cluster_calls(), self._guard_admission()
-        self._profiles = workflow.patched(PATCH_NODE_PROFILES)
-        self._lease_backoff = workflow.patched(PATCH_LEASE_BACKOFF)
-        self._counted_before_cordon = workflow.patched(PATCH_COUNTED_BEFORE_CORDON)
-        self._room_ahead = workflow.patched(PATCH_ROOM_AHEAD)
-        workflow.patched(PATCH_LOAD_VALIDATION), workflow.patched(PATCH_SUSPECT_LOAD_TEST)  # read where used
-        self._trusted_intake(), self._identity(), self._holds(), self._sticky(), self._late_reports()
         if workflow.info().continued_run_id and self.s.policy_sha256:
             return
         snap = await take_controller_policy(self.node)
+        # The controller's cluster (so its guard and budget) and history limit, not the sender's.
         trusted = {"policy": snap.policy, "state": None, "expected_gpus": None,
-                   "guard_task_queue": workflow.info().task_queue}
-        if self._identity():
-            # The controller's cluster (so its guard and budget) and history limit, not the sender's.
-            trusted |= {"node": self.node, "history_limit": snap.policy.history_limit,
-                        "cluster": snap.cluster or self.inp.cluster}
+                   "guard_task_queue": workflow.info().task_queue, "node": self.node,
+                   "history_limit": snap.policy.history_limit, "cluster": snap.cluster or self.inp.cluster}
         ignored = ignored_fields(self.inp, trusted) if not workflow.info().continued_run_id else []
         self.inp = self.inp.model_copy(update=trusted)
         self.policy = snap.policy
@@ -128,13 +91,13 @@ class NodeRemediation(EpisodeHandlers, RungActions, RemediationSteps, SuspectChe
 
     async def _triage(self) -> None:
         report = self.s.latest
-        if self._identity() and (why := id_refused(workflow.info().workflow_id, self.inp.cluster, self.node)):
+        if (why := id_refused(workflow.info().workflow_id, self.inp.cluster, self.node)):
             return self._finish(Outcome.REJECTED, f"rejected: {why}")
-        if self._no_harm() and not await self._node_is_ours():
+        if not await self._node_is_ours():
             return
-        if self._holds() and await self._held_for_a_person():
+        if await self._held_for_a_person():
             return
-        if self._sticky() and await self._conditions_already_handled(report):
+        if await self._conditions_already_handled(report):
             return
         t = classify(report.findings, self.inp.generation, self.policy)
         self.s.triage = t
@@ -148,7 +111,7 @@ class NodeRemediation(EpisodeHandlers, RungActions, RemediationSteps, SuspectChe
         self._upsert(*found)
         self._record("triage", f"triage {self.node}", True,
                      f"{t.fault_class} ({t.attribution}, {t.severity}): start at {t.start_rung.value}; {t.reason}")
-        if self._profiles and self.policy.observe:
+        if self.policy.observe:
             return self._finish(Outcome.OBSERVED, f"observe mode ({self.policy.name}): would start at "
                                                   f"{t.start_rung.value} ({t.fault_class}); nothing done")
         self.s.next_rung = t.start_rung
@@ -168,7 +131,7 @@ class NodeRemediation(EpisodeHandlers, RungActions, RemediationSteps, SuspectChe
     async def _climb_one_rung(self) -> None:
         rung = self.s.skip_to or self.s.next_rung
         self.s.skip_to = None
-        if rung is Rung.KILL and not self._gpus() and self._fixed(PATCH_KILL_IMPLICATED):
+        if rung is Rung.KILL and not self._gpus():
             # "Every GPU" would kill other tenants' jobs for one that cannot be located.
             return await self._leave_for_a_person(
                 f"kill: {self._fault_label()} names no GPU of {self.node} (its bus id maps to none): nothing "
@@ -178,7 +141,7 @@ class NodeRemediation(EpisodeHandlers, RungActions, RemediationSteps, SuspectChe
             if self._quarantine_withheld() or not self._cordon_holds():
                 return
             approved = await self._approved(rung)
-            if self._no_harm() and self._steered():
+            if self._steered():
                 return
             if not approved:
                 return self._finish(Outcome.AWAITING_APPROVAL, f"{rung.value} was not approved in time")
@@ -190,7 +153,7 @@ class NodeRemediation(EpisodeHandlers, RungActions, RemediationSteps, SuspectChe
         await self._hold_while_paused()
         if self._steered():
             return
-        if rung.disruptive and self._no_harm() and not self.policy.dry_run and not self.s.lease_held:
+        if rung.disruptive and not self.policy.dry_run and not self.s.lease_held:
             if not await self._lease_unpaused():  # a long pause gave it back
                 return
         if rung.disruptive and self._suspect_pending():
@@ -224,7 +187,7 @@ class NodeRemediation(EpisodeHandlers, RungActions, RemediationSteps, SuspectChe
                                 c.ReturnToServiceRequest(node=self.node, reason=f"fixed by {self.s.fixed_by.value}"),
                                 c.ReturnToServiceResult,
                                 f"uncordon {self.node}: validated twice after {self.s.fixed_by.value}")
-        if done is None and self._no_harm():
+        if done is None:
             # `returned` means the API server shows the node schedulable: it does not, so a person looks.
             await self._release_lease("quarantined")
             return self._finish(Outcome.QUARANTINED, f"validated after {self.s.fixed_by.value}, but the uncordon "
@@ -256,8 +219,7 @@ class NodeRemediation(EpisodeHandlers, RungActions, RemediationSteps, SuspectChe
         self._record("probation", f"recurrence on {self.node} during probation", False,
                      f"{t.reason}: escalate to {self.s.next_rung.value}")
         sender, self.s.recurrence = self.s.recurrence.source, None
-        if (self.s.next_rung is Rung.REPLACE and sender != "agent"
-                and self._fixed(PATCH_REPLACE_ON_AGENT_RECURRENCE)):
+        if self.s.next_rung is Rung.REPLACE and sender != "agent":
             # Anyone able to signal can send a report; only the node's own probes are evidence enough
             # to replace it and denylist its hardware.
             return await self._leave_for_a_person(
@@ -269,8 +231,7 @@ class NodeRemediation(EpisodeHandlers, RungActions, RemediationSteps, SuspectChe
         """A durable timer before the run ends or continues as new: the local activities run so far
         are recorded in a task that does not end the run, so a signal arriving meanwhile (a guard's
         answer to one of them) cannot fail the ending task and have them run again."""
-        if self._fixed(PATCH_CLOSE_BARRIER) and self._local_cluster_calls():
-            await workflow.sleep(timedelta(seconds=1), summary=f"record {self.node}'s last steps")
+        await workflow.sleep(timedelta(seconds=1), summary=f"record {self.node}'s last steps")
 
     async def _close_episode(self) -> None:
         await self._tell_guard_the_ending()
@@ -280,9 +241,8 @@ class NodeRemediation(EpisodeHandlers, RungActions, RemediationSteps, SuspectChe
                 fault_class=self.s.triage.fault_class, attribution=self.s.triage.attribution,
                 rungs=[r.value for r in self.s.rungs_tried], outcome=self.s.outcome.value,
                 started_at=self.s.started_at, ended_at=workflow.now(),
-                boards=self.s.implicated if self._fixed(PATCH_REPEAT_PER_BOARD) else [],
-                **(outcome_fields(self.s, self.inp.generation.value, workflow.now())
-                   if workflow.patched(PATCH_OUTCOME_LEDGER) else {})), None,
+                boards=self.s.implicated, **outcome_fields(self.s, self.inp.generation.value, workflow.now())),
+                None,
                 f"record {self.node}'s episode in the ledger")
         await self._commit_side_effects()
 

@@ -16,8 +16,6 @@ with workflow.unsafe.imports_passed_through():
     import api as c
     from api.episode import RemediationState
 
-# workflow.patched id: ledger records carry phases, pods and the out-of-service time (issue 26).
-PATCH_OUTCOME_LEDGER = "outcome-ledger"
 MAX_PODS_KEPT = 200
 IN_SERVICE = c.IN_SERVICE  # between a return to service and a recurrence: not time out of service
 

@@ -17,15 +17,7 @@ with workflow.unsafe.imports_passed_through():
     from policies.findings import HealthReport, condition_since
     from policies.terms import Rung
     from workflows.calls import call_or_none
-    from workflows.episode_constants import (
-        HOLD_RECHECK_FIRST,
-        HOLD_RECHECK_MAX,
-        PATCH_APPROVAL_NO_LEASE,
-        PATCH_CHECK_REPORT_BOOT,
-        PATCH_HOLD_UNCHECKED,
-        PATCH_IMPLICATE_PLATFORM_ONLY,
-        PATCH_REPEAT_PER_BOARD,
-    )
+    from workflows.episode_constants import HOLD_RECHECK_FIRST, HOLD_RECHECK_MAX
     from workflows.lease import GuardClient
 
 
@@ -34,13 +26,12 @@ class RemediationSteps(GuardClient):
     async def _node_is_ours(self) -> bool:
         """A report for a node that does not exist, or is not a GPU node of ours, ends here: no lease,
         no cordon, no ledger, no denylist. When the API cannot say, the cordon's own checks decide
-        whether it exists; whether an earlier episode left it quarantined is unknown then, so
-        (hold-when-unchecked) it is held for a person until a new report can be checked."""
+        whether it exists; whether an earlier episode left it quarantined is unknown then, so it is held for a person until a new report can be checked."""
         # The report's boot: a late one from the host gpuheal replaced is refused by the Node's mark.
-        boot = self.s.latest.boot_id if self._fixed(PATCH_CHECK_REPORT_BOOT) and self.s.latest else None
+        boot = self.s.latest.boot_id if self.s.latest else None
         found = await self._kube(c.KUBE_CHECK_NODE, c.NodeCheckRequest(node=self.node, boot_id=boot), c.NodeCheckResult,
                                  f"check {self.node} is a GPU node of this cluster")
-        if found is None and self._holds() and self._fixed(PATCH_HOLD_UNCHECKED):
+        if found is None:
             if not self.s.held_unchecked:
                 self.s.held_report = self._report_key()
             self.s.held_unchecked += 1
@@ -55,7 +46,7 @@ class RemediationSteps(GuardClient):
                                    "server did not answer, and no newer report came")
         self.s.held_unchecked, self.s.held_report = 0, ""
         if found is None or (found.exists and found.ours):
-            if found is not None and self._holds():
+            if found is not None:
                 self.s.held = (f"{self.node} still carries {c.QUARANTINE_TAINT}={found.quarantined} from an earlier "
                                "episode: held for a person" if found.quarantined else "")
             return True
@@ -120,7 +111,7 @@ class RemediationSteps(GuardClient):
     async def _quarantine(self) -> None:
         if self.s.quarantined:
             return
-        if self._guard_admission() and not self.policy.dry_run and not await self._admitted_to_quarantine():
+        if not self.policy.dry_run and not await self._admitted_to_quarantine():
             return
         t = self.s.triage
         cordon = self._kube(
@@ -132,14 +123,14 @@ class RemediationSteps(GuardClient):
         # In reserved room the guard is told beside the cordon, not after it: a cordon retried for
         # minutes must not outlast the slot (it would lapse, and the room go to another).
         result = (await asyncio.gather(cordon, self._tell_guard_the_slot()))[0] if self.s.room_token else await cordon
-        if result is None and self._no_harm():
+        if result is None:
             return  # not verifiably cordoned: `_cordon_holds` ends the episode before anything disruptive
         self.s.quarantined = True
         detected = self.s.first_report.detected_at if self.s.first_report else None
         if result is not None and detected is not None and self.s.detect_to_cordon_ms is None:
             self.s.detect_to_cordon_ms = max(0, int((result.cordoned_at - detected).total_seconds() * 1000))
             metrics.node_cordoned(self.inp.cluster, t.fault_class or "unknown", self.s.detect_to_cordon_ms)
-        if not (self._guard_admission() and self.s.admission == GuardAnswer.ADMITTED):
+        if self.s.admission != GuardAnswer.ADMITTED:
             await self._tell_guard(healthy=False)
 
     def _quarantine_withheld(self) -> bool:
@@ -148,7 +139,7 @@ class RemediationSteps(GuardClient):
 
     def _cordon_holds(self) -> bool:
         """No disruptive step on a node that is not verifiably cordoned: evicted pods would land back on it."""
-        if self.s.quarantined or not self._no_harm():
+        if self.s.quarantined:
             return True
         self._finish(Outcome.FAILED, f"cordon of {self.node} did not take effect ({self.s.actions[-1].detail}): "
                      "nothing disruptive done; a person must cordon or fix access")
@@ -165,16 +156,15 @@ class RemediationSteps(GuardClient):
         ro = self.policy.repeat_offender
         # Per board: the hardware a probe implicated, not every id of the node (a fault on each of
         # three GPUs is three boards once each, not one node three times).
-        by_board = self._fixed(PATCH_REPEAT_PER_BOARD)
-        ids = self.s.implicated if by_board else self.s.hardware_ids
-        if not self.s.hardware_ids:
-            return False  # asked whenever the node named hardware, as before (recorded histories)
+        ids = self.s.implicated
+        if not ids:
+            return False  # no board implicated: nothing to count against
         count = await self._ledger(c.LEDGER_COUNT_RECENT, c.CountRecentRequest(
-            hardware_ids=ids, window_s=ro.window.total_seconds(), exclude_episode=self._episode(), by_board=by_board),
+            hardware_ids=ids, window_s=ro.window.total_seconds(), exclude_episode=self._episode(), by_board=True),
             int, f"count recent remediations of {self.node}'s hardware")
         if count is not None and count + 1 >= ro.threshold:
             self._record("triage", f"repeat offender {self.node}", True,
-                         f"{count} earlier remediations of {'its board' if by_board else 'its hardware'} "
+                         f"{count} earlier remediations of its board "
                          f"({', '.join(ids[:2])}) within {ro.window}: straight to replace")
             return True
         return False
@@ -184,13 +174,13 @@ class RemediationSteps(GuardClient):
         if report.source != "agent":
             return
         self.s.agent_gpus = sorted({*self.s.agent_gpus, *t.gpus})
-        platform_only = self._fixed(PATCH_IMPLICATE_PLATFORM_ONLY)
-        acted = [v.finding for v in t.verdicts if v.rung is not None
-                 and (v.attribution == "platform" or not platform_only)]
+        # Only a platform finding implicates hardware: an application fault's GPU (Xid 13) is where a
+        # job failed, not a faulty board, and the denylist is permanent.
+        acted = [v.finding for v in t.verdicts if v.rung is not None and v.attribution == "platform"]
         self.s.implicated = sorted({*self.s.implicated, *report.implicated_ids(acted)})
 
     async def _attribute_pods(self, t: Triage) -> None:
-        pod_gpus = await self._pod_gpus() if t.gpus and self._no_harm() else None
+        pod_gpus = await self._pod_gpus() if t.gpus else None
         marked = await self._kube(c.KUBE_ATTRIBUTE_PODS, c.AttributePodsRequest(
             node=self.node, attribution=t.attribution, fault=self._fault_label(), gpus=t.gpus, pod_gpus=pod_gpus,
             episode=self._episode(), dry_run=self.policy.dry_run),
@@ -212,16 +202,15 @@ class RemediationSteps(GuardClient):
         rp = self.policy.ladder.for_rung(rung)
         if not rp.requires_approval or rung in self.s.approved:
             return True
-        if (self.s.lease_held or self.s.lease_requested) and self._fixed(PATCH_APPROVAL_NO_LEASE):
+        if self.s.lease_held or self.s.lease_requested:
             # A person may take a day: the fleet's budget is not held meanwhile (taken again once approved).
             await self._release_lease()
             self._record("lease", f"gave back {self.node}'s disruption lease", True,
                          f"while {rung.value} waits for approval; taken again once approved")
         self.s.awaiting_approval = rung
         self._set_details()
-        steerable = self._no_harm()
         try:
-            await workflow.wait_condition(lambda: rung in self.s.approved or (steerable and self._steered()),
+            await workflow.wait_condition(lambda: rung in self.s.approved or self._steered(),
                                           timeout=rp.approval_timeout,
                                           timeout_summary=f"wait for approval to {rung.value} {self.node}")
         except TimeoutError:
@@ -248,8 +237,6 @@ class RemediationSteps(GuardClient):
         self.s.drained = result is not None
         if result is not None:
             self.s.pods_evicted = sorted({*self.s.pods_evicted, *result.evicted, *result.forced})[:200]
-        if not self._no_harm():
-            return
         if result is None:
             # Pods may still be on the node: no reboot or reset under them.
             return self._finish(Outcome.QUARANTINED, f"drain failed ({self.s.actions[-1].detail}): nothing "

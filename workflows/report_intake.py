@@ -3,7 +3,6 @@ duplicate, or rejected with the reason), and which of its findings are news."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -53,13 +52,11 @@ def fault_cleared(acted: list[Finding], latest: HealthReport | None) -> bool:
 
 
 def take_report(s: RemediationState, raw: Any, *, node: str, generation: Generation, policy: Policy,
-                bounded: Callable[[], bool], no_harm: Callable[[], bool],
-                trusted: Callable[[], bool] = lambda: False, now_us: int = 0) -> str | None:
+                now_us: int = 0) -> str | None:
     """Applies one report, as received, to the episode's state: the reason it was rejected, or
     None (accepted, or a duplicate counted). Anything wrong with it is a rejection, never an
-    exception. `bounded`, `no_harm` and `trusted` are the workflow's patch checks, asked only where
-    they apply (the order of patch markers is part of the history); `now_us` is the workflow's clock."""
-    if bounded() and (problem := report_bounds_problem(raw)) is not None:
+    exception. `now_us` is the workflow's clock."""
+    if (problem := report_bounds_problem(raw)) is not None:
         return problem
     try:
         r = HealthReport.model_validate(raw)
@@ -73,22 +70,21 @@ def take_report(s: RemediationState, raw: Any, *, node: str, generation: Generat
         return f"report for node {r.node!r} sent to {node!r}"
     if r.boot_id in s.retired_boots:
         return f"stale report from earlier boot {r.boot_id}"
-    strict = trusted()
-    if strict and r.seq > now_us + MAX_SEQ_AHEAD_US:
+    if r.seq > now_us + MAX_SEQ_AHEAD_US:
         return f"sequence {r.seq} is more than a day ahead of the clock ({now_us} us): not a sequence"
     # Sequences are per sender and boot: the agent, a condition watcher and an operator each count their own.
     last = s.seq_by_boot.get(_seq_key(r))
     if last is not None and r.seq <= last:
-        if s.latest and (r.seq == last or strict) and r.fingerprint() == s.latest.fingerprint():
+        if s.latest and r.fingerprint() == s.latest.fingerprint():
             s.duplicates += 1
             return None
         return f"stale sequence {r.seq} (already have {last} from {r.source} for boot {r.boot_id})"
-    if strict and _heard_before(r, s.seen_events):
+    if _heard_before(r, s.seen_events):
         # Two condition watchers (or a re-send) with the same events: counted once, whoever sent it.
         s.duplicates += 1
         s.seq_by_boot[_seq_key(r)] = min(r.seq, now_us)
         return None
-    _accept(s, r, generation, policy, bounded, no_harm, strict, now_us)
+    _accept(s, r, generation, policy, now_us)
     return None
 
 
@@ -98,29 +94,28 @@ def _heard_before(r: HealthReport, seen: list[str]) -> bool:
     return bool(r.findings) and all(f.event_id is not None and f.event_id in known for f in r.findings)
 
 
-def _accept(s: RemediationState, r: HealthReport, generation: Generation, policy: Policy,
-            bounded: Callable[[], bool], no_harm: Callable[[], bool], strict: bool = False, now_us: int = 0) -> None:
-    # Under trusted intake only the reboot the episode asked for retires a boot: a report naming
-    # another boot at any other time (a spoof, a watcher) cannot make the agent's reports stale.
-    retire = not strict or (bool(s.rungs_tried) and s.rungs_tried[-1] is Rung.REBOOT)
+def _accept(s: RemediationState, r: HealthReport, generation: Generation, policy: Policy, now_us: int) -> None:
+    # Only the reboot the episode asked for retires a boot: a report naming another boot at any
+    # other time (a spoof, a watcher) cannot make the agent's reports stale.
+    retire = bool(s.rungs_tried) and s.rungs_tried[-1] is Rung.REBOOT
     if s.boot_id is not None and r.boot_id != s.boot_id and retire:
         s.retired_boots = [*s.retired_boots, s.boot_id][-MAX_BOOTS_KEPT:]
         s.seq_by_boot = {k: v for k, v in s.seq_by_boot.items() if not k.endswith(f":{s.boot_id}")}
     s.boot_id = r.boot_id
-    s.seq_by_boot[_seq_key(r)] = min(r.seq, now_us) if strict else r.seq
-    if bounded() and len(s.seq_by_boot) > MAX_SEQ_SENDERS_KEPT:
+    s.seq_by_boot[_seq_key(r)] = min(r.seq, now_us)
+    if len(s.seq_by_boot) > MAX_SEQ_SENDERS_KEPT:
         # Dicts keep insertion order: the senders heard from longest ago go first.
         s.seq_by_boot = dict(list(s.seq_by_boot.items())[-MAX_SEQ_SENDERS_KEPT:])
     s.latest = r
     if s.first_report is None:
         s.first_report = r
     seen = s.seen_events
-    if no_harm():
-        s.seen_events = remember_events(seen, new_event_ids(r, seen))
+    s.seen_events = remember_events(seen, new_event_ids(r, seen))
     if s.stage in (Stage.RETURN, Stage.PROBATION) and not r.healthy and s.recurrence is None:
-        news = recurrence_findings(r, seen) if no_harm() else r.findings
+        # Re-sent events are no recurrence: only findings the episode has not heard of.
+        news = recurrence_findings(r, seen)
         if news and classify(news, generation, policy).actionable:
-            s.recurrence = r.model_copy(update={"findings": news}) if no_harm() else r
+            s.recurrence = r.model_copy(update={"findings": news})
 
 
 def describe(raw: Any) -> str:

@@ -14,25 +14,8 @@ with workflow.unsafe.imports_passed_through():
     from policies.model import RungPolicy
     from policies.terms import Rung
     from workflows.calls import agent_gone, call_or_none, cause
-    from workflows.episode_constants import (
-        PATCH_AGENT_BOOT,
-        PATCH_AGENT_GPUS,
-        PATCH_AGENT_MISSING_TOP,
-        PATCH_APP_AGENT_MISSING,
-        PATCH_DRY_RUN_DENYLIST,
-        PATCH_FAILED_ACTION_NO_REPLACE,
-        PATCH_KILL_IMPLICATED,
-        PATCH_REBOOT_DOUBT,
-        PATCH_REPLACE_THEN_DENY,
-    )
     from workflows.lease import GuardClient
-    from workflows.validation import (
-        COULD_NOT_RUN,
-        PATCH_LOAD_VALIDATION,
-        AgentMissing,
-        validate_once,
-        validate_twice,
-    )
+    from workflows.validation import COULD_NOT_RUN, AgentMissing, validate_once, validate_twice
 
 
 class RungActions(GuardClient):
@@ -46,7 +29,7 @@ class RungActions(GuardClient):
         try:
             return await actions[rung](summary, key, rp)
         except ActivityError as err:
-            if self._no_harm() and agent_gone(err):
+            if agent_gone(err):
                 self.s.agent_missing = True
                 self._record(rung.value, summary, False, f"agent_missing: no agent polled "
                              f"{self._node_queue()} within {self.policy.validation.agent_timeout}")
@@ -62,7 +45,7 @@ class RungActions(GuardClient):
         reset still climbs to reboot: a GPU that will not reset is the GPU's own answer, and a
         reboot is undone by booting."""
         why, self._action_failed = self._action_failed, ""
-        if not why or rung.above() is not Rung.REPLACE or not self._fixed(PATCH_FAILED_ACTION_NO_REPLACE):
+        if not why or rung.above() is not Rung.REPLACE:
             return ""
         return (f"{rung.value} could not be done ({why}): no evidence about the hardware, so nothing is "
                 "replaced or denylisted: it stays quarantined for a person")
@@ -71,10 +54,10 @@ class RungActions(GuardClient):
         """Why a missing agent ends the ladder after `rung` ('' where a reboot may still bring it back):
         an agent that is gone says nothing about the hardware, so it is never evidence to climb on."""
         gone = f"agent_missing: no agent on {self.node} ran the work after {rung.value}"
-        if rung is Rung.KILL and self._fixed(PATCH_APP_AGENT_MISSING):
+        if rung is Rung.KILL:
             return (f"{gone}; an application fault is no reason to reboot the machine: "
                     "it stays cordoned for a person")
-        if rung.rank >= Rung.REBOOT.rank and self._fixed(PATCH_AGENT_MISSING_TOP):
+        if rung.rank >= Rung.REBOOT.rank:
             return (f"{gone}, though it rebooted; no evidence about the hardware, so nothing is replaced "
                     "or denylisted: it stays quarantined for a person")
         return ""
@@ -98,12 +81,10 @@ class RungActions(GuardClient):
 
     async def _stop_gpu_processes(self, summary: str, rp: RungPolicy, whole_node: bool) -> c.KillResult:
         """The implicated GPUs' processes (MIG: the implicated instances'); every GPU's only on a
-        drained node before a whole-node reset. Before kill-implicated-only, no GPU meant every GPU."""
+        drained node before a whole-node reset (no GPU named never means every GPU)."""
         gpus = self._gpus()
-        every = not gpus and (whole_node or not self._fixed(PATCH_KILL_IMPLICATED))
-        mig = self._mig_targets() if self._fixed(PATCH_KILL_IMPLICATED) else []
-        if self._fixed(PATCH_AGENT_GPUS):
-            mig = [m for m in mig if m.gpu_index in gpus]
+        every = not gpus and whole_node
+        mig = [m for m in self._mig_targets() if m.gpu_index in gpus]
         return await self._node_activity(c.NODE_KILL, c.KillRequest(node=self.node, gpus=gpus, all_gpus=every, mig=mig,
                                                                     dry_run=self.policy.dry_run),
                                          c.KillResult, summary, rp)
@@ -124,17 +105,13 @@ class RungActions(GuardClient):
         return True
 
     async def _replace(self, summary: str, key: str, rp: RungPolicy) -> bool:
-        after = self._fixed(PATCH_REPLACE_THEN_DENY)
-        if not after:
-            await self._denylist()
         done = await self._cloud(c.CLOUD_REPLACE, c.ReplaceRequest(
             node=self.node, idempotency_key=key, mode=self.policy.replacement,
             ownership_tag=self.policy.ownership_tag, dry_run=self.policy.dry_run), c.ReplaceResult, summary, rp)
-        if after:
-            # Only once the replacement is under way: a failed one leaves the node quarantined for a
-            # person with its hardware not (yet) refused anywhere else.
-            await self._denylist()
-        hook = f"Auto Scaling lifecycle {done.lifecycle_state}" if after and done.lifecycle_state else ""
+        # Only once the replacement is under way: a failed one leaves the node quarantined for a
+        # person with its hardware not (yet) refused anywhere else.
+        await self._denylist()
+        hook = f"Auto Scaling lifecycle {done.lifecycle_state}" if done.lifecycle_state else ""
         self._record(Rung.REPLACE.value, summary, True, "; ".join(x for x in (hook, self._take_drain_note()) if x))
         return True
 
@@ -144,7 +121,7 @@ class RungActions(GuardClient):
         from one that did not come back."""
         before, agent_before = self.s.boot_id, self.s.agent_boot_id
         agent_seq = self.s.seq_by_boot.get(f"agent:{agent_before}")  # the agent's last report from the old boot
-        no_harm, dry = self._no_harm(), self.policy.dry_run
+        dry = self.policy.dry_run
         sent = await self._cloud(c.CLOUD_REBOOT, c.RebootRequest(node=self.node, idempotency_key=key, dry_run=dry,
                                                                  ownership_tag=self.policy.ownership_tag,
                                                                  boot_wait_s=rp.return_timeout.total_seconds()),
@@ -152,27 +129,24 @@ class RungActions(GuardClient):
         kubelet_before = sent.from_boot
         self._record(Rung.REBOOT.value, summary, True,
                      "; ".join(x for x in ("reboot sent; waiting for a report from a new boot", self._take_drain_note()) if x))
-        back = lambda: self.s.boot_id != before  # noqa: E731
-        if self._fixed(PATCH_AGENT_BOOT):
-            # Only the node's own agent from a new boot says it is back (a condition watcher's report
-            # carries the kubelet's new boot id before any agent runs): validation needs the agent.
-            old_boots = {before, agent_before, kubelet_before} - {None}
-            back = lambda: self.s.agent_boot_id is not None and self.s.agent_boot_id not in old_boots  # noqa: E731
+        # Only the node's own agent from a new boot says it is back (a condition watcher's report
+        # carries the kubelet's new boot id before any agent runs): validation needs the agent.
+        old_boots = {before, agent_before, kubelet_before} - {None}
+        back = lambda: self.s.agent_boot_id is not None and self.s.agent_boot_id not in old_boots  # noqa: E731
         try:
-            await workflow.wait_condition(lambda: back() or (no_harm and self._steered()),
+            await workflow.wait_condition(lambda: back() or self._steered(),
                                           timeout=rp.return_timeout,
                                           timeout_summary=f"wait for {self.node} to come back from reboot")
         except TimeoutError:
             self._record(Rung.REBOOT.value, f"{self.node} back from reboot", False,
                          f"no report from a new boot within {rp.return_timeout}")
-            if no_harm and not dry:
+            if not dry:
                 after = await self._kubelet_boot_id()
-                if self._fixed(PATCH_REBOOT_DOUBT):
-                    # A condition watcher's report of the kubelet's new boot proves the reboot too.
-                    seen = self.s.boot_id if self.s.boot_id not in {before, agent_before, kubelet_before} else None
-                    after = after or seen
-                    if self._reboot_in_doubt(after, kubelet_before, agent_before, agent_seq):
-                        return False
+                # A condition watcher's report of the kubelet's new boot proves the reboot too.
+                seen = self.s.boot_id if self.s.boot_id not in {before, agent_before, kubelet_before} else None
+                after = after or seen
+                if self._reboot_in_doubt(after, kubelet_before, agent_before, agent_seq):
+                    return False
                 if self.s.agent_missing or (after and after != kubelet_before):
                     came_back = (f"the machine rebooted (kubelet boot id {kubelet_before} -> {after})"
                                  if after and after != kubelet_before else "the machine shows no new boot either")
@@ -211,12 +185,12 @@ class RungActions(GuardClient):
 
     async def _denylist(self) -> None:
         """Only hardware a probe on the node implicated goes on the denylist, never every id a report listed."""
-        ids = self.s.implicated if self._no_harm() else self.s.hardware_ids
-        if self.policy.dry_run and self._fixed(PATCH_DRY_RUN_DENYLIST):
+        ids = self.s.implicated
+        if self.policy.dry_run:
             # The denylist is permanent (it refuses or terminates the hardware at admission): a dry run only says it.
             return self._record("denylist", f"would denylist hardware of {self.node}", True,
                                 f"dry run: {', '.join(ids) or 'nothing implicated'}")
-        if not ids and self._no_harm():
+        if not ids:
             return self._record("denylist", f"denylist hardware of {self.node}", True,
                                 "no probe implicated any hardware: nothing denylisted")
         await self._ledger(c.LEDGER_DENYLIST, c.DenylistRequest(
@@ -230,17 +204,16 @@ class RungActions(GuardClient):
         return f"went ahead over {len(left)} pods the drain left ({', '.join(left[:3])})" if left else ""
 
     async def _validated(self) -> bool:
-        strict = self._no_harm()
         try:
             if not self.s.quarantined:
                 # Kill-only (application) episodes never took the node out: one validation suffices.
                 ok = await validate_once(self.node, self.policy.validation, self.inp.expected_gpus, "after kill",
-                                         self._record, self.policy.dry_run, strict, queue=self._node_queue())
+                                         self._record, self.policy.dry_run, strict_agent=True, queue=self._node_queue())
                 self.s.validations += int(ok)
                 return ok
-            tiers = ("quick", "repair") if workflow.patched(PATCH_LOAD_VALIDATION) else (None, None)
             passed = await validate_twice(self.node, self.policy.validation, self.inp.expected_gpus, self._record,
-                                          self.policy.dry_run, strict, tiers, queue=self._node_queue())
+                                          self.policy.dry_run, strict_agent=True, tiers=("quick", "repair"),
+                                          queue=self._node_queue())
         except AgentMissing:
             self.s.agent_missing = True
             return False

@@ -13,8 +13,6 @@ with workflow.unsafe.imports_passed_through():
     from policies.findings import Finding, FindingKind
     from workflows.validation import validate_once
 
-# workflow.patched id: a suspect-only episode load-tests the drained node before its first rung.
-PATCH_SUSPECT_LOAD_TEST = "suspect-load-test"
 SUSPECT_TIER = "repair"
 
 
@@ -23,7 +21,7 @@ class SuspectCheck:
 
     def _suspect_pending(self) -> bool:
         t = self.s.triage
-        return (workflow.patched(PATCH_SUSPECT_LOAD_TEST) and not self.policy.dry_run and not self.s.rungs_tried
+        return (not self.policy.dry_run and not self.s.rungs_tried
                 and not self.s.suspect_tested and t is not None and t.fault_class == FindingKind.SUSPECT.value)
 
     async def _suspect_cleared(self) -> bool:
@@ -32,7 +30,7 @@ class SuspectCheck:
         found: list[Finding] = []
         ok = await validate_once(self.node, self.policy.validation, self.inp.expected_gpus,
                                  f"suspect: {SUSPECT_TIER} load test before any remedy", self._record,
-                                 self.policy.dry_run, self._no_harm(), SUSPECT_TIER, found, queue=self._node_queue())
+                                 self.policy.dry_run, True, SUSPECT_TIER, found, queue=self._node_queue())
         if not ok:
             # The GPUs the load test named are what a replacement may denylist.
             named = {i for f in found for i in (f.uuid, f.serial) if i}

@@ -14,9 +14,6 @@ with workflow.unsafe.imports_passed_through():
     from policies.model import ValidationPolicy
     from workflows.calls import agent_gone, call, call_or_none
 
-# workflow.patched id: validation load-tests a drained node (tiers), judged against its SKU, figures ledgered.
-PATCH_LOAD_VALIDATION = "validation-under-load"
-
 # Called with (step, summary, ok, detail) so the caller keeps its own action log.
 Recorder = Callable[[str, str, bool, str], None]
 
@@ -33,8 +30,7 @@ async def validate_once(node: str, policy: ValidationPolicy, expected_gpus: int 
                         record: Recorder, dry_run: bool = False, strict_agent: bool = False,
                         tier: str | None = None, found: list | None = None, *, queue: str) -> bool:
     """Whether the node passed; with `strict_agent`, an agent that never picked the run up raises
-    AgentMissing instead of counting as a failed validation. With a `tier` (PATCH_LOAD_VALIDATION)
-    the node is load-tested, judged against its SKU's fleet figures, and the figures are ledgered;
+    AgentMissing instead of counting as a failed validation. With a `tier` the node is load-tested, judged against its SKU's fleet figures, and the figures are ledgered;
     `found` collects the findings of a failed run."""
     # The activity's summary says what is asked for; the step record says what actually ran.
     dcgm = f"dcgm r{policy.dcgm_level}" if policy.dcgm_required else f"dcgm r{policy.dcgm_level} where installed"

@@ -252,19 +252,13 @@ class WhatIfFleet(NodeStandIns, LedgerStandIns):
                                             slot=n.slot, node=f"n{n.slot:04d}-r{slot.replacements}"))
         return c.ReplaceResult(instance_id=f"i-{n.name}", action="ec2")
 
-    # --- guard ------------------------------------------------------------------------------------
-    @activity.defn(name=c.GUARD_RUNNING_HOLDERS)
-    async def running_holders(self, req: c.LiveHoldersRequest) -> c.LiveHoldersResult:
-        """The holders that run, by a describe each (the time-skipping server has no visibility)."""
-        return await GuardActivities(self.client).live_holders(req)
-
     # --- workers ----------------------------------------------------------------------------------
     def controller_activities(self) -> list:
         guard = GuardActivities(self.client)
         return [self.deliver, self.quarantine, self.return_to_service, self.attribute_pods, self.drain, self.event,
                 self.check_node, self.count_fleet, self.quarantined_nodes, self.reboot, self.kubelet_boot_id,
-                self.replace, *self.ledger_activities(), self.running_holders,
-                PolicyActivities(self.policy, "whatif", WHATIF_CLUSTER).current, guard.signal_guard, guard.live_holders, guard.liveness,
+                self.replace, *self.ledger_activities(), guard.running_holders,
+                PolicyActivities(self.policy, "whatif", WHATIF_CLUSTER).current, guard.signal_guard, guard.liveness,
                 guard.running_episodes, guard.take_room]
 
     def node_activities(self) -> list:

@@ -49,7 +49,7 @@ class FakeFleet(FakeAgentActivities, FakeLedger):
     history_limit: int | None = None
     fleet_size: int | None = None  # what kube.fleet_size answers; None: the nodes added
     events: list[c.EventRequest] = field(default_factory=list)
-    holder_check_delay: float = 0.0  # how long guard.live_holders takes (a slow server)
+    holder_check_delay: float = 0.0  # how long guard.running_holders takes (a slow server)
     count_delay: float = 0.0  # how long kube.fleet_size takes (a guard slow to answer its first cordons)
     agents: dict[str, Worker] = field(default_factory=dict)  # node -> the worker serving node/<cluster>/<node>
     check_drain_lease: bool = False  # each drain asks the guard whether the node holds a lease
@@ -197,11 +197,6 @@ class FakeFleet(FakeAgentActivities, FakeLedger):
         return c.ReplaceResult(instance_id=f"i-{n.name}", action="ec2")
 
     # --- guard: the real activities against the server, slowed or failed on demand -------------
-    @activity.defn(name=c.GUARD_LIVE_HOLDERS)
-    async def live_holders(self, req: c.LiveHoldersRequest) -> c.LiveHoldersResult:
-        await asyncio.sleep(self.holder_check_delay)
-        return await GuardActivities(self.guard_client or self.client).live_holders(req)
-
     @activity.defn(name=c.GUARD_RUNNING_HOLDERS)
     async def running_holders(self, req: c.LiveHoldersRequest) -> c.LiveHoldersResult:
         await asyncio.sleep(self.holder_check_delay)
@@ -217,7 +212,7 @@ class FakeFleet(FakeAgentActivities, FakeLedger):
         guard = GuardActivities(self.client, self.room)
         return [self.quarantine, self.return_to_service, self.attribute_pods, self.drain, self.reboot,
                 self.replace, self.kill, self.reset, self.validate, *self.ledger_activities(), self.event,
-                self.count_fleet, guard.signal_guard, guard.take_room, guard.liveness, self.live_holders, self.running_episodes, self.quarantined_nodes,
+                self.count_fleet, guard.signal_guard, guard.take_room, guard.liveness, self.running_episodes, self.quarantined_nodes,
                 self.check_node, self.kubelet_boot_id, self.gpu_pods, self.current_policy, self.hardware_ids,
                 self.inventory, self.running_holders]
 

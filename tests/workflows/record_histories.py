@@ -44,17 +44,17 @@ PATHS = {
     "replace": (48, "none", 0, [], {}),
     "probation_recurrence": (48, "reset", 1, [], {}),
     "approval": (79, "reboot", 0, ["reboot"], {}),
-    # The do-no-harm paths (PATCH_DO_NO_HARM): recorded from then on.
+    # The do-no-harm paths.
     "agent_missing": (48, "none", 0, [], {"agent": False}),
     "cordon_failed": (48, "reset", 0, [], {"fail": {"kube.quarantine"}}),
     "uncordon_failed": (48, "reset", 0, [], {"fail": {"kube.return_to_service"}}),
     "drain_failed": (79, "reboot", 0, [], {"fail": {"kube.drain"}}),
     "rejected": (79, "reboot", 0, [], {"exists": False}),
-    # Validation under load (PATCH_LOAD_VALIDATION, PATCH_SUSPECT_LOAD_TEST): recorded from then on.
+    # Validation under load, and a suspect's load test before any remedy.
     "reset_under_load": (48, "reset", 0, [], {}),
     "suspect_cleared": ("suspect", "kill", 0, [], {"faulty": False}),
     "suspect_confirmed": ("suspect", "reset", 0, [], {}),
-    # A node whose profile is in observe mode (PATCH_NODE_PROFILES): triage recorded, nothing done.
+    # A node whose profile is in observe mode: triage recorded, nothing done.
     "observed": (79, "reboot", 0, [], {}),
 }
 
@@ -110,13 +110,15 @@ async def record_guard(env: WorkflowEnvironment, name: str) -> dict:
     async with fleet.workers():
         handles = await asyncio.gather(*(fleet.report(n.name) for n in nodes))
         results = await asyncio.gather(*(h.result() for h in handles))
+        # The run that saw the storm: the controller's start below has the guard continue as new.
+        first_run = (await env.client.get_workflow_handle(guard_workflow_id(fleet.cluster)).describe()).run_id
         await tell_guard_the_policy(env.client, fleet.cluster, policy.guard.model_copy(update={"max_disruptive": 3}))
         for h in handles:  # an episode that waited for room to quarantine is a path of its own
             st = await h.query(NodeRemediation.status)
             if any("deferred" in a.summary for a in st.actions):
                 episode = await h.fetch_history()
                 (HISTORIES / f"{name}.json").write_text(json.dumps(json.loads(episode.to_json()), indent=1) + "\n")
-    history = await env.client.get_workflow_handle(guard_workflow_id(fleet.cluster)).fetch_history()
+    history = await env.client.get_workflow_handle(guard_workflow_id(fleet.cluster), run_id=first_run).fetch_history()
     GUARD_HISTORIES.mkdir(exist_ok=True)
     (GUARD_HISTORIES / f"{name}.json").write_text(json.dumps(json.loads(history.to_json()), indent=1) + "\n")
     return {"guard_path": name, "outcomes": sorted(r.outcome.value for r in results), "events": len(history.events)}

@@ -195,9 +195,9 @@ async def _async(value):
 
 
 async def test_messages_wake_the_guard_without_cancelling_its_recheck_timer(dev_env, uniq):
-    """A message is a wake, not a new deadline (guard-steady-recheck): the re-check timer is left to
-    fire. A CancelTimer for a timer that fired during the task wedges the time-skipping server
-    (sdk-java#3088), and each message used to cost two timer events."""
+    """A message is a wake, not a new deadline: the re-check timer is left to fire. A CancelTimer
+    for a timer that fired during the task wedges the time-skipping server (sdk-java#3088), and each
+    message used to cost two timer events."""
     from api.guard import LeaseRelease
     from api.names import GUARD_SIGNAL_RELEASE
 

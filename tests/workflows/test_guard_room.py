@@ -42,7 +42,7 @@ def test_reserved_slots_stay_within_free_room_and_the_cap_per_controller():
 
 def test_a_pool_holds_at_most_half_the_room_others_do_not_hold():
     """Not all the free room: another controller's cordon, or one that asks the guard, is not
-    deferred while room sits unused in a pool (guard-room-half)."""
+    deferred while room sits unused in a pool."""
     s, policy, new = GuardState(), GuardPolicy(room_ahead=16), ids()
     a = guard_room.reserve(s, RoomRequest(controller="a", want=16), policy, T0, 10, new, half=True)
     assert len(a.new) == 5, "half of the 10 free"

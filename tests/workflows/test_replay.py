@@ -16,7 +16,7 @@ from workflows.fleet_guard import FleetGuard
 from workflows.node_admission import NodeAdmission
 from workflows.node_remediation import NodeRemediation
 
-# The newest recordings, plus those made before each patch (subfolders named after the patch).
+# The recordings of the current code, plus those made before each patch (subfolders before-<id>).
 ROOT = Path(__file__).resolve().parent.parent / "histories"
 GUARD = ROOT / "guard"  # FleetGuard's own recordings
 ADMISSION = ROOT / "admission"  # NodeAdmission's
@@ -24,9 +24,9 @@ HISTORIES = sorted(p for p in ROOT.rglob("*.json") if GUARD not in p.parents and
 ADMISSION_PATHS = {"admitted", "denied_replaced", "after_episode"}
 GUARD_PATHS = {"canary_failed", "quarantine_deferred"}
 REQUIRED_PATHS = {"kill_only", "reset", "reboot", "replace", "probation_recurrence", "approval"}
-# Paths that exist since the do-no-harm patch: recorded with the newest code only.
+# Paths recorded beside the ladder's required ones.
 DO_NO_HARM_PATHS = {"agent_missing", "cordon_failed", "uncordon_failed", "drain_failed", "rejected",
-                    "quarantine_deferred"}  # the last since guard-admission
+                    "quarantine_deferred"}
 
 
 def recorded_id(doc: dict, prefix: str, field: str) -> str:

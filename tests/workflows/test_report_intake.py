@@ -9,7 +9,7 @@ import pytest
 from api.episode import RemediationState, Stage
 from api.reports import MAX_REPORT_FINDINGS
 from policies.loader import default_policy
-from policies.terms import Generation
+from policies.terms import Generation, Rung
 from workflows.report_intake import record_rejection, take_report
 
 NOW = datetime(2026, 12, 3, tzinfo=UTC)
@@ -20,10 +20,9 @@ def report(seq: int, *, boot: str = "b1", node: str = "n1", source: str = "agent
     return {"node": node, "boot_id": boot, "seq": seq, "source": source, "findings": findings}
 
 
-def take(s: RemediationState, raw, **patches) -> str | None:
-    flags = {"bounded": True, "no_harm": True, **patches}
+def take(s: RemediationState, raw) -> str | None:
     return take_report(s, raw, node="n1", generation=Generation.HOPPER, policy=default_policy(),
-                       bounded=lambda: flags["bounded"], no_harm=lambda: flags["no_harm"])
+                       now_us=int(NOW.timestamp() * 10**6))
 
 
 def test_an_accepted_report_is_the_latest_and_the_first():
@@ -54,7 +53,15 @@ def test_sequences_count_per_sender_and_boot():
     assert "stale sequence 4" in take(s, report(4))
     assert take(s, report(1, source="watcher")) is None, "another sender counts its own"
     assert take(s, report(1, boot="b2")) is None, "a new boot starts again"
-    assert "stale report from earlier boot b1" in take(s, report(9, boot="b1"))
+    assert take(s, report(9, boot="b1")) is None, "only the episode's own reboot retires a boot"
+    s.rungs_tried = [Rung.REBOOT]
+    assert take(s, report(2, boot="b3")) is None
+    assert "stale report from earlier boot b1" in take(s, report(10, boot="b1"))
+
+
+def test_a_sequence_far_ahead_of_the_clock_is_rejected():
+    s = RemediationState()
+    assert "more than a day ahead" in take(s, report(int(NOW.timestamp() * 10**6) + 2 * 86400 * 10**6))
 
 
 def test_a_resent_event_after_the_fix_is_no_recurrence_but_a_new_one_is():
@@ -65,14 +72,6 @@ def test_a_resent_event_after_the_fix_is_no_recurrence_but_a_new_one_is():
     assert s.recurrence is None, "the agent still holding the event it sent is no recurrence"
     assert take(s, report(3, xids=[79], event="kmsg:2")) is None
     assert s.recurrence is not None and [f.event_id for f in s.recurrence.findings] == ["kmsg:2"]
-
-
-def test_before_do_no_harm_every_fault_after_the_fix_is_a_recurrence():
-    s = RemediationState()
-    assert take(s, report(1, xids=[79], event="kmsg:1"), no_harm=False) is None
-    s.stage = Stage.PROBATION
-    assert take(s, report(2, xids=[79], event="kmsg:1"), no_harm=False) is None
-    assert s.recurrence is not None
 
 
 def test_rejections_are_kept_bounded_and_counted():
