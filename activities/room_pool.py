@@ -32,6 +32,7 @@ NO_ROOM_RETRY_S = 2.0  # the guard had no room to reserve (or could not be reach
 RENEW_FLOOR_S = 1.0
 RENEW_EVERY_S = 30.0  # at most; a quarter of the ttl when that is shorter
 FRESH_S = 60.0  # a slot is handed out only this soon after the guard last answered
+CLOSE_WAIT_S = 15.0  # close() waits this long for the renewing task to end (an ask is bounded at 10 s)
 
 
 class RoomPool:
@@ -69,8 +70,11 @@ class RoomPool:
         for room in rooms:
             if room.task is not None:
                 room.task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await room.task
+                room.wake.set()
+                # Bounded, and not by wait_for (it waits on a task that ignores its cancel): an ask in
+                # flight turns the cancel into WorkflowUpdateRPCTimeoutOrCancelledError, and `keep`
+                # then ends on `closed` at its next turn.
+                await asyncio.wait({room.task}, timeout=CLOSE_WAIT_S)
             if room.tokens:
                 with contextlib.suppress(Exception):
                     await room.ask(RoomRequest(controller=self.identity, returned=room.tokens), timeout_s=5)
@@ -109,7 +113,7 @@ class _ClusterRoom:
         """Top up when low, renew every quarter ttl; one ask at a time, and a pause when the guard
         had nothing to give (no room under max_unhealthy, or not running yet)."""
         misses = 0
-        while True:
+        while not self.pool.closed:
             want = max(0, self.pool.ask_for - len(self.tokens))
             pause = 0.0
             try:
@@ -128,6 +132,8 @@ class _ClusterRoom:
             except asyncio.CancelledError:
                 raise
             except Exception as err:  # noqa: BLE001 - no guard yet, a timeout: episodes ask the guard meanwhile
+                if self.pool.closed:
+                    return  # the client turned close()'s cancel into an error: the pool is done
                 log.debug("room pool %s: %s", self.cluster, err)
                 pause = self.pool.retry_s
             if pause:
