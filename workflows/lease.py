@@ -242,17 +242,19 @@ class GuardClient(Episode):
     async def _release_lease(self, outcome: str | None = None) -> None:
         if not (self.s.lease_held or self.s.lease_requested):
             return
+        # Cleared before the signal: while it is in flight the guard may grant the lease to another,
+        # and the episode's status must never show a lease the guard no longer counts as its own.
+        self.s.lease_held = self.s.lease_requested = False
         await self._signal_guard(GUARD_SIGNAL_RELEASE, LeaseRelease(
             holder=workflow.info().workflow_id, node=self.node, outcome=outcome, sent_at=workflow.now()))
-        self.s.lease_held = self.s.lease_requested = False
 
     async def _tell_guard_the_ending(self) -> None:
         # Every ending tells the guard (lease, canary, unhealthy count) once it was involved.
         s = self.s
         if s.guard_notified or s.lease_held or s.lease_requested or s.admission:
+            s.lease_held = s.lease_requested = False  # before the signal, as in _release_lease
             await self._signal_guard(GUARD_SIGNAL_RELEASE, LeaseRelease(
                 holder=workflow.info().workflow_id, node=self.node, outcome=s.outcome.value, sent_at=workflow.now()))
-            s.lease_held = s.lease_requested = False
 
     async def _hold_while_paused(self) -> None:
         """Held until resume or cancel (a skip given meanwhile applies on resume). A long pause gives
