@@ -29,10 +29,15 @@ class GuardActivities:
     @activity.defn(name=c.GUARD_TAKE_ROOM)
     async def take_room(self, req: c.TakeRoomRequest) -> str:
         """A local activity: a slot the guard reserved for this controller, or "" (ask the guard)."""
-        return self.room.take(req.cluster, req.now) if self.room is not None else ""
+        return await self.room.take(req.cluster, req.now) if self.room is not None else ""
 
     @activity.defn(name=c.GUARD_SIGNAL)
     async def signal_guard(self, req: c.GuardSignalRequest) -> None:
+        # A slot notice goes in the room pool's next ask, many in one update, when the pool can
+        # bring it; the signal below when not. Either way the guard takes it the same way.
+        if self.room is not None and req.signal == c.GUARD_SIGNAL_FAULT and req.payload.get("room_token"):
+            if await self.room.tell(req.cluster, c.FaultNotice.model_validate(req.payload)):
+                return
         # USE_EXISTING makes this idempotent: a retry signals the running guard again, and the
         # guard's handlers dedupe by holder.
         for attempt in range(1, SIGNAL_TRIES + 1):

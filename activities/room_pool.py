@@ -7,7 +7,12 @@ out only while half its ttl is left on the guard's clock (the episode's clock, o
 so the episode's notice reaches the guard before the slot could lapse, and only within FRESH_S of
 the pool's last answer from the guard (a guard started afresh knows no slots: its answer says so).
 None is handed out while the pool asks, so every slot it asks to keep is unused: the guard may take
-those back when the room is wanted elsewhere."""
+those back when the room is wanted elsewhere. An episode that finds the pool empty while it asks
+waits up to TAKE_WAIT_S for the answer: in a storm, a thousand episodes asking the guard one by one
+(a signal each way, each a workflow task of the guard's) is what made the guard the bottleneck.
+For the same reason the episodes' slot notices (the slot became this node) go to the guard in the
+pool's next ask, many in one update, rather than as a signal each; `tell` returns once the guard has
+taken the notice, and False when it could not (the episode then signals it itself)."""
 
 from __future__ import annotations
 
@@ -23,15 +28,18 @@ from datetime import datetime, timedelta
 from temporalio.client import Client
 
 import api as c
-from api.guard import RoomGrant, RoomRequest
+from api.guard import FaultNotice, RoomGrant, RoomRequest
 
 log = logging.getLogger("gpuheal.room")
 
+MAX_TOLD = 1000  # notices in one ask (the guard's bound, guard_room.MAX_ROOM_WANTED)
 ASK_FOR = 64  # slots a pool asks for; the guard reserves at most its policy's room_ahead per controller
 NO_ROOM_RETRY_S = 2.0  # the guard had no room to reserve (or could not be reached): asked again after this, doubling
 RENEW_FLOOR_S = 1.0
 RENEW_EVERY_S = 30.0  # at most; a quarter of the ttl when that is shorter
 FRESH_S = 60.0  # a slot is handed out only this soon after the guard last answered
+TELL_WAIT_S = 10.0  # a notice not taken by the guard in this long is signalled by its episode instead
+TAKE_WAIT_S = 2.0  # an episode waits this long for the pool's ask (not for a guard with no room to give)
 CLOSE_WAIT_S = 15.0  # close() waits this long for the renewing task to end (an ask is bounded at 10 s)
 
 
@@ -55,9 +63,37 @@ class RoomPool:
             room.task = asyncio.get_running_loop().create_task(room.keep(), name=f"room pool {cluster}")
         return room
 
-    def take(self, cluster: str, now: datetime) -> str:
-        """A reserved slot's token, or "" (none here now: the episode asks the guard instead)."""
-        return self.start(cluster).take(now)
+    async def take(self, cluster: str, now: datetime, wait_s: float = TAKE_WAIT_S) -> str:
+        """A reserved slot's token, or "" (none here: the episode asks the guard instead). While the
+        pool is topping up, waits up to `wait_s` for the guard's answer; never while the guard had
+        no room at its last answer (or none was had), nor once the pool is closed."""
+        room = self.start(cluster)
+        t0 = time.monotonic()
+        while True:
+            waited = time.monotonic() - t0
+            token = room.take(now + timedelta(seconds=waited) if now is not None else now)
+            if token or self.closed or room.starved or waited >= wait_s:
+                return token
+            answered = room.answered
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(answered.wait(), timeout=wait_s - waited)
+
+    async def tell(self, cluster: str, notice: FaultNotice, wait_s: float = TELL_WAIT_S) -> bool:
+        """Brings an episode's slot notice to the guard in the pool's next ask: True once the guard took it."""
+        if self.closed:
+            return False
+        room = self.start(cluster)
+        told = asyncio.get_running_loop().create_future()
+        room.telling.append((notice, told))
+        room.wake.set()
+        room.told_wake.set()
+        try:
+            return await asyncio.wait_for(asyncio.shield(told), timeout=wait_s)
+        except TimeoutError:
+            # Still queued: taken out so that it is not sent after the episode signalled it itself
+            # (harmless, the guard dedupes by holder, but one message less). In an ask in flight: let it go.
+            room.telling = [(n, f) for n, f in room.telling if f is not told]
+            return False
 
     def held(self, cluster: str) -> int:
         room = self._rooms.get(cluster)
@@ -75,9 +111,20 @@ class RoomPool:
                 # flight turns the cancel into WorkflowUpdateRPCTimeoutOrCancelledError, and `keep`
                 # then ends on `closed` at its next turn.
                 await asyncio.wait({room.task}, timeout=CLOSE_WAIT_S)
-            if room.tokens:
+            if room.tokens or room.telling:
+                telling, room.telling = room.telling, []
+                ok = False
                 with contextlib.suppress(Exception):
-                    await room.ask(RoomRequest(controller=self.identity, returned=room.tokens), timeout_s=5)
+                    await room.ask(RoomRequest(controller=self.identity, returned=room.tokens,
+                                               told=[n for n, _ in telling]), timeout_s=5)
+                    ok = True
+                _settle(telling, ok)
+
+
+def _settle(telling: list[tuple[FaultNotice, asyncio.Future]], taken: bool) -> None:
+    for _, told in telling:
+        if not told.done():
+            told.set_result(taken)
 
 
 class _ClusterRoom:
@@ -91,6 +138,15 @@ class _ClusterRoom:
         self.task: asyncio.Task | None = None
         self.asking = False
         self.answered_at = 0.0  # monotonic
+        self.starved = True  # the last ask got nothing it wanted (no room, no guard yet): takers do not wait
+        self.answered = asyncio.Event()  # set, and replaced, at the end of each ask
+        self.telling: list[tuple[FaultNotice, asyncio.Future]] = []  # slot notices for the next ask
+        self.told_wake = asyncio.Event()  # a notice came: ends a backing-off pause
+
+    def _ask_ended(self, starved: bool) -> None:
+        self.starved = starved
+        self.answered.set()
+        self.answered = asyncio.Event()
 
     def take(self, now: datetime) -> str:
         fresh = (self.expires is not None and self.expires - now >= self.ttl / 2
@@ -116,12 +172,15 @@ class _ClusterRoom:
         while not self.pool.closed:
             want = max(0, self.pool.ask_for - len(self.tokens))
             pause = 0.0
+            telling, self.telling = self.telling[:MAX_TOLD], self.telling[MAX_TOLD:]
             try:
                 self.asking = True
                 try:
-                    grant = await self.ask(RoomRequest(controller=self.pool.identity, want=want, keep=list(self.tokens)))
+                    grant = await self.ask(RoomRequest(controller=self.pool.identity, want=want, keep=list(self.tokens),
+                                                       told=[n for n, _ in telling]))
                 finally:
                     self.asking = False
+                _settle(telling, True)
                 self.answered_at = time.monotonic()
                 held = set(grant.held)
                 self.tokens = [t for t in self.tokens if t in held] + list(grant.new)
@@ -129,19 +188,30 @@ class _ClusterRoom:
                 self.low_water = max(1, len(grant.held) // 2)
                 if want and not grant.new and not self.tokens:
                     pause = self.pool.retry_s
+                self._ask_ended(starved=bool(pause))
             except asyncio.CancelledError:
+                _settle(telling, False)
+                self._ask_ended(starved=True)
                 raise
             except Exception as err:  # noqa: BLE001 - no guard yet, a timeout: episodes ask the guard meanwhile
+                # Whether the guard took the notices is unknown: their episodes signal them (it dedupes).
+                _settle(telling, False)
+                self._ask_ended(starved=True)
                 if self.pool.closed:
                     return  # the client turned close()'s cancel into an error: the pool is done
                 log.debug("room pool %s: %s", self.cluster, err)
                 pause = self.pool.retry_s
             if pause:
                 # Backing off, to 32 times the first pause: no room now often means none for a while.
-                await asyncio.sleep(pause * 2 ** min(misses, 5))
+                # Notices to bring end the pause: they wait on it (a wake by a taker does not).
+                self.told_wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.told_wake.wait(), timeout=pause * 2 ** min(misses, 5))
                 misses += 1
                 continue
             misses = 0
+            if self.telling:
+                continue  # more came while it asked: the next ask brings them
             self.wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(),

@@ -132,6 +132,9 @@ class RoomRequest(BaseModel):
     want: int = Field(default=0, ge=0)
     keep: list[str] = Field(default_factory=list)
     returned: list[str] = Field(default_factory=list)
+    told: list[FaultNotice] = Field(default_factory=list, description="Episodes' notices that they cordoned in "
+                                    "this controller's slots (room_token set), batched: taken before any reserving, "
+                                    "as the fault signal takes them, so the slots they free count at once.")
 
 
 class RoomGrant(BaseModel):

@@ -160,13 +160,18 @@ class FleetGuard(GuardBooks):
 
     @workflow.update(name=c.GUARD_UPDATE_RESERVE_ROOM)
     def reserve_room(self, req: RoomRequest) -> RoomGrant:
-        """A controller's room pool reserves, renews and gives back quarantine slots (guard_room.py)."""
+        """A controller's room pool reserves, renews and gives back quarantine slots (guard_room.py),
+        and brings its episodes' slot notices in one message rather than a signal each."""
+        for notice in req.told:
+            self.fault(notice)
         return self._reserve_room(req)
 
     @reserve_room.validator
     def _validate_reserve_room(self, req: RoomRequest) -> None:
         if not 0 < len(req.controller) <= 300 or req.want > guard_room.MAX_ROOM_WANTED:
             raise ValueError(f"a controller id of 1-300 characters, at most {guard_room.MAX_ROOM_WANTED} slots wanted")
+        if len(req.told) > guard_room.MAX_ROOM_WANTED or any(not n.room_token or n.admission or n.healthy for n in req.told):
+            raise ValueError(f"at most {guard_room.MAX_ROOM_WANTED} notices told, each of a cordon in a reserved slot")
 
     @workflow.update
     def set_policy(self, policy: GuardPolicy, by: str = "") -> GuardStatus:

@@ -25,7 +25,7 @@ with workflow.unsafe.imports_passed_through():
     from api.names import HOLDER_SIGNAL_QUARANTINE
     from workflows import guard_room
     from workflows.calls import call_or_none
-    from workflows.guard_constants import MAX_DEFERRED_KEPT
+    from workflows.guard_constants import MAX_DEFERRED_KEPT, PATCH_ROOM_BESIDE_ADMISSIONS
     from workflows.guard_gates import GuardGates
 
 
@@ -125,8 +125,15 @@ class GuardBooks(GuardGates):
         learning its holders back, room_ahead is 0, or a lowered limit leaves the books over it."""
         limit = self._max_unhealthy() if self.policy.defer_quarantine else None
         over = limit is not None and len(self.s.unhealthy) + len(self.s.room) > limit
-        return (self._learning() or bool(self.s.deferred or self.s.admissions)
-                or self.policy.room_ahead == 0 or over)
+        waiting = bool(self.s.deferred or self.s.admissions)
+        if workflow.patched(PATCH_ROOM_BESIDE_ADMISSIONS) and not self.s.deferred and self.s.admissions:
+            # Requests not yet answered want room only when the room left beside what this pool may
+            # take (half of it) would not admit them all: in a storm some ask the guard while the
+            # pool tops up, and taking the pool's room back then starved the pool and sent every
+            # later cordon to the guard (issue 25's storm ratio).
+            free = self._free_room()
+            waiting = free is not None and len(self.s.admissions) > free - free // 2
+        return self._learning() or waiting or self.policy.room_ahead == 0 or over
 
     def _free_room(self) -> int | None:
         """How many slots may be reserved ahead now (None: no max_unhealthy applies; none while the

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 MAX_DEFERRED_KEPT = 1000
+# Patch ids (workflows/patch_register.py has when each may be deprecated).
+PATCH_ROOM_BESIDE_ADMISSIONS = "room-beside-admissions"  # a pool keeps its room while requests it leaves room for wait
 # Outcomes an episode reports when it ends or gives its lease back: these prove a canary.
 CANARY_PROVEN = frozenset({"validated", "returned", "replaced"})
 CANARY_FAILED = frozenset({"quarantined", "failed", "awaiting_approval"})

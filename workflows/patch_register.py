@@ -41,5 +41,8 @@ class Patch:
         return "; and ".join(RETIRE_WHEN[w] for w in self.workflows)
 
 
-# Empty at the baseline: the next change to workflow logic adds its entry here.
-PATCHES: MappingProxyType[str, Patch] = MappingProxyType({p.id: p for p in ()})
+# Empty at the baseline; each change to workflow logic since adds its entry here.
+PATCHES: MappingProxyType[str, Patch] = MappingProxyType({p.id: p for p in (
+    Patch("room-beside-admissions", (GUARD,), "issue 25: storm ratio (a pool's room not taken back while "
+          "the room beside it admits every request waiting)"),
+)})

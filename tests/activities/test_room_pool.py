@@ -4,10 +4,12 @@ ask to the guard in flight."""
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime, timedelta
 
 from temporalio.client import WorkflowUpdateRPCTimeoutOrCancelledError
 
 from activities.room_pool import RoomPool
+from api.guard import FaultNotice, RoomGrant
 
 
 class GuardNeverAnswers:
@@ -40,4 +42,73 @@ async def test_close_ends_the_pool_while_an_ask_is_in_flight():
     done, _ = await asyncio.wait({closing}, timeout=20)  # asyncio.wait: never waits on a task that ignores its cancel
     assert closing in done, "close() did not return"
     assert room.task.done(), "the pool's renewing task still runs after close()"
-    assert pool.take("c1", now=None) == "", "a closed pool hands nothing out"
+    assert await pool.take("c1", now=None) == "", "a closed pool hands nothing out"
+
+
+class GuardAnswers:
+    """A guard that takes every ask after `delay_s`, reserving what is wanted, or fails each ask."""
+
+    def __init__(self, delay_s: float = 0.02, fail: bool = False):
+        self.delay_s, self.fail = delay_s, fail
+        self.asks: list = []
+
+    def get_workflow_handle(self, workflow_id: str):
+        return self
+
+    async def execute_update(self, name, req, result_type=None, rpc_timeout=None):
+        self.asks.append(req)
+        await asyncio.sleep(self.delay_s)
+        if self.fail:
+            raise RuntimeError("guard unreachable")
+        new = [f"t{len(self.asks)}-{i}" for i in range(req.want)]
+        return RoomGrant(new=new, held=[*req.keep, *new], expires=datetime.now(UTC) + timedelta(minutes=10), ttl_s=600)
+
+
+def notice(i: int) -> FaultNotice:
+    return FaultNotice(node=f"n{i}", holder=f"remediate/c1/n{i}", room_token=f"tok{i}", sent_at=datetime.now(UTC))
+
+
+async def test_slot_notices_reach_the_guard_many_to_an_ask():
+    """A storm's slot notices go in the pool's asks, not a signal each: the guard sees every notice
+    once, in far fewer messages than notices, and each episode hears it was taken."""
+    guard = GuardAnswers()
+    pool = RoomPool(guard, identity="ctl", retry_s=0.01)
+    try:
+        taken = await asyncio.gather(*(pool.tell("c1", notice(i)) for i in range(200)))
+        assert all(taken)
+        told = [n.node for ask in guard.asks for n in ask.told]
+        assert sorted(told) == sorted(f"n{i}" for i in range(200)), "each notice reaches the guard exactly once"
+        assert len([a for a in guard.asks if a.told]) <= 20, f"{len(guard.asks)} asks for 200 notices"
+    finally:
+        await pool.close()
+
+
+async def test_a_notice_the_guard_could_not_take_is_the_episodes_to_signal():
+    """An ask that fails says nothing of whether the guard took its notices: tell answers False and
+    the episode's activity signals the guard itself (guard.signal_guard)."""
+    pool = RoomPool(GuardAnswers(fail=True), identity="ctl", retry_s=0.01)
+    try:
+        assert await pool.tell("c1", notice(1), wait_s=5) is False
+    finally:
+        await pool.close()
+
+
+async def test_an_empty_pool_waits_for_its_ask_in_flight_not_for_a_guard_without_room():
+    guard = GuardAnswers(delay_s=0.3)
+    pool = RoomPool(guard, identity="ctl", retry_s=0.01)
+    try:
+        room = pool.start("c1")
+        for _ in range(100):
+            if room.tokens:
+                break
+            await asyncio.sleep(0.05)
+        room.tokens.clear()  # all handed out: the next take wakes an ask and waits for its answer
+        room.starved = False
+        assert await pool.take("c1", datetime.now(UTC), wait_s=5), "a take while the pool tops up gets a slot"
+        room.tokens.clear()
+        room.starved = True  # the guard's last answer had no room: a take does not wait
+        t0 = asyncio.get_running_loop().time()
+        assert await pool.take("c1", datetime.now(UTC), wait_s=5) == ""
+        assert asyncio.get_running_loop().time() - t0 < 0.2
+    finally:
+        await pool.close()

@@ -5,13 +5,19 @@ max_unhealthy holds under a storm."""
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import UTC, datetime, timedelta
 
 from temporalio.api.enums.v1 import EventType
 
 from activities.room_pool import RoomPool
 from api.guard import GuardState, RoomRequest
-from api.names import HOLDER_SIGNAL_QUARANTINE
+from api.names import (
+    GUARD_SIGNAL_FAULT,
+    GUARD_UPDATE_RESERVE_ROOM,
+    HOLDER_SIGNAL_QUARANTINE,
+    guard_workflow_id,
+)
 from policies.guard_policy import GuardPolicy
 from tests.workflows.fake_node import FakeNode
 from tests.workflows.fakes import xid
@@ -119,6 +125,18 @@ async def test_a_cordon_in_room_reserved_ahead_needs_no_answer_from_the_guard(de
                 and e.workflow_execution_signaled_event_attributes.signal_name == HOLDER_SIGNAL_QUARANTINE]
     assert answered == [], "the second cordon took a reserved slot: no round trip to the guard"
     assert (r1.outcome, r2.outcome) == ("returned", "returned")
+    # Its slot notice went in the pool's ask (many to one update in a storm), not as a signal.
+    told, signalled = [], []
+    async for e in dev_env.client.get_workflow_handle(guard_workflow_id(fleet.cluster)).fetch_history_events():
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED:
+            req = e.workflow_execution_update_accepted_event_attributes.accepted_request.input
+            if req.name == GUARD_UPDATE_RESERVE_ROOM:
+                told += [n["node"] for p in req.args.payloads for n in json.loads(p.data).get("told", [])]
+        elif e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
+            a = e.workflow_execution_signaled_event_attributes
+            if a.signal_name == GUARD_SIGNAL_FAULT:
+                signalled += [n.get("node") for p in a.input.payloads if (n := json.loads(p.data)).get("room_token")]
+    assert second.name in told and second.name not in signalled, (told, signalled)
 
 
 async def test_a_storm_through_reserved_room_never_passes_max_unhealthy(dev_env, uniq):
