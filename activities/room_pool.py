@@ -39,6 +39,7 @@ RENEW_FLOOR_S = 1.0
 RENEW_EVERY_S = 30.0  # at most; a quarter of the ttl when that is shorter
 FRESH_S = 60.0  # a slot is handed out only this soon after the guard last answered
 TELL_WAIT_S = 10.0  # a notice not taken by the guard in this long is signalled by its episode instead
+YIELD_S = 0.005
 TAKE_WAIT_S = 2.0  # an episode waits this long for the pool's ask (not for a guard with no room to give)
 CLOSE_WAIT_S = 15.0  # close() waits this long for the renewing task to end (an ask is bounded at 10 s)
 
@@ -83,6 +84,8 @@ class RoomPool:
         if self.closed:
             return False
         room = self.start(cluster)
+        if room.ttl:
+            wait_s = min(wait_s, room.ttl.total_seconds() / 4)  # the slot had at least half its ttl left
         told = asyncio.get_running_loop().create_future()
         room.telling.append((notice, told))
         room.wake.set()
@@ -180,7 +183,10 @@ class _ClusterRoom:
                                                        told=[n for n, _ in telling]))
                 finally:
                     self.asking = False
-                _settle(telling, True)
+                took = set(grant.took)  # only what the guard echoes was taken
+                for notice, told in telling:
+                    if not told.done():
+                        told.set_result(notice.room_token in took)
                 self.answered_at = time.monotonic()
                 held = set(grant.held)
                 self.tokens = [t for t in self.tokens if t in held] + list(grant.new)
@@ -201,6 +207,8 @@ class _ClusterRoom:
                     return  # the client turned close()'s cancel into an error: the pool is done
                 log.debug("room pool %s: %s", self.cluster, err)
                 pause = self.pool.retry_s
+            if pause and self.telling:
+                continue  # notices came during the ask: brought now (each gets one ask), not after a pause
             if pause:
                 # Backing off, to 32 times the first pause: no room now often means none for a while.
                 # Notices to bring end the pause: they wait on it (a wake by a taker does not).
@@ -211,7 +219,10 @@ class _ClusterRoom:
                 continue
             misses = 0
             if self.telling:
-                continue  # more came while it asked: the next ask brings them
+                # More came while it asked: the next ask brings them, after the takers woken by this
+                # answer had their turn (none is handed out while the pool asks).
+                await asyncio.sleep(YIELD_S)
+                continue
             self.wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(),

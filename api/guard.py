@@ -144,6 +144,8 @@ class RoomGrant(BaseModel):
     expires: datetime | None = Field(default=None, description="On the guard's clock; the pool hands a slot out "
                                      "only while at least half the ttl is left, for the episode's notice to arrive.")
     ttl_s: float = 0.0
+    took: list[str] = Field(default_factory=list, description="The room tokens of the `told` notices the guard took: "
+                            "one not echoed (a guard on a build that knows no `told`) is signalled by its episode.")
 
 
 class TakeRoomRequest(BaseModel):

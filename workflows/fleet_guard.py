@@ -164,7 +164,9 @@ class FleetGuard(GuardBooks):
         and brings its episodes' slot notices in one message rather than a signal each."""
         for notice in req.told:
             self.fault(notice)
-        return self._reserve_room(req)
+        grant = self._reserve_room(req)
+        grant.took = [n.room_token for n in req.told]
+        return grant
 
     @reserve_room.validator
     def _validate_reserve_room(self, req: RoomRequest) -> None:
