@@ -116,18 +116,19 @@ class RoomPool:
                 await asyncio.wait({room.task}, timeout=CLOSE_WAIT_S)
             if room.tokens or room.telling:
                 telling, room.telling = room.telling, []
-                ok = False
+                took: set[str] = set()
                 with contextlib.suppress(Exception):
-                    await room.ask(RoomRequest(controller=self.identity, returned=room.tokens,
-                                               told=[n for n, _ in telling]), timeout_s=5)
-                    ok = True
-                _settle(telling, ok)
+                    grant = await room.ask(RoomRequest(controller=self.identity, returned=room.tokens,
+                                                       told=[n for n, _ in telling]), timeout_s=5)
+                    took = set(grant.took)
+                _settle(telling, took)
 
 
-def _settle(telling: list[tuple[FaultNotice, asyncio.Future]], taken: bool) -> None:
-    for _, told in telling:
+def _settle(telling: list[tuple[FaultNotice, asyncio.Future]], took: set[str]) -> None:
+    """Each notice was taken only if the guard echoed its token (a failed ask echoes none)."""
+    for notice, told in telling:
         if not told.done():
-            told.set_result(taken)
+            told.set_result(notice.room_token in took)
 
 
 class _ClusterRoom:
@@ -183,10 +184,7 @@ class _ClusterRoom:
                                                        told=[n for n, _ in telling]))
                 finally:
                     self.asking = False
-                took = set(grant.took)  # only what the guard echoes was taken
-                for notice, told in telling:
-                    if not told.done():
-                        told.set_result(notice.room_token in took)
+                _settle(telling, set(grant.took))
                 self.answered_at = time.monotonic()
                 held = set(grant.held)
                 self.tokens = [t for t in self.tokens if t in held] + list(grant.new)
@@ -196,12 +194,12 @@ class _ClusterRoom:
                     pause = self.pool.retry_s
                 self._ask_ended(starved=bool(pause))
             except asyncio.CancelledError:
-                _settle(telling, False)
+                _settle(telling, set())
                 self._ask_ended(starved=True)
                 raise
             except Exception as err:  # noqa: BLE001 - no guard yet, a timeout: episodes ask the guard meanwhile
                 # Whether the guard took the notices is unknown: their episodes signal them (it dedupes).
-                _settle(telling, False)
+                _settle(telling, set())
                 self._ask_ended(starved=True)
                 if self.pool.closed:
                     return  # the client turned close()'s cancel into an error: the pool is done
