@@ -116,8 +116,16 @@ class KubeActivities(PodActivities):
             n = await call_api(self.core.read_node, req.node)
         except ApiException as err:
             if err.status == 404:
-                return c.NodeCheckResult(exists=False, ours=False, reason=f"node {req.node} does not exist")
-            self._raise_mapped("get", f"nodes/{req.node}", err)
+                n = None
+            else:
+                self._raise_mapped("get", f"nodes/{req.node}", err)
+        return await self.node_check(req, n)
+
+    async def node_check(self, req: c.NodeCheckRequest, n: client.V1Node | None) -> c.NodeCheckResult:
+        """`check_node`'s answer on a Node already read (None: not found); `policy.current` answers it
+        from its own read (activities/node_profile.py)."""
+        if n is None:
+            return c.NodeCheckResult(exists=False, ours=False, reason=f"node {req.node} does not exist")
         if n.metadata.deletion_timestamp is not None:
             # Being deleted (a Karpenter replacement's finalizer holds it while the instance goes).
             return c.NodeCheckResult(exists=True, ours=False, reason=f"node {req.node} is being deleted "

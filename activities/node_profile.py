@@ -36,9 +36,10 @@ class NodeProfileActivities(PolicyActivities):
     """The controller's policy, resolved per node: `policy.current` answers with the node's profile
     applied (its ladder, finding rungs and mode), so an episode acts as the node's kind asks."""
 
-    def __init__(self, core, policy, source: str = "default", cluster: str | None = None):
+    def __init__(self, core, policy, source: str = "default", cluster: str | None = None, kube=None):
         super().__init__(policy, source, cluster)
         self.core, self.policy = core, policy
+        self.kube = kube  # KubeActivities: answers `check` from the same read (None: not answered)
 
     async def _node(self, name: str):
         try:
@@ -50,16 +51,24 @@ class NodeProfileActivities(PolicyActivities):
 
     @activity.defn(name=c.POLICY_CURRENT)
     async def current(self, req: c.PolicyRequest) -> c.PolicySnapshot:
-        if not req.node or not self.policy.profiles:
+        checking = req.check and bool(req.node) and self.kube is not None
+        if not req.node or not (self.policy.profiles or checking):
             return self.snapshot
-        node = await self._node(req.node)
-        if node is None:  # not there (the episode rejects it): the policy as written
-            return self.snapshot
+        try:
+            node = await self._node(req.node)
+        except ApiException:
+            if self.policy.profiles:
+                raise
+            return self.snapshot  # not checked: the episode asks `kube.check_node`, which says what failed
+        # One read for both: the check is what `kube.check_node` would answer on this Node.
+        check = await self.kube.node_check(c.NodeCheckRequest(node=req.node, boot_id=req.boot_id), node) if checking else None
+        if node is None or not self.policy.profiles:  # not there (the episode rejects it): the policy as written
+            return self.snapshot.model_copy(update={"node_check": check})
         sel = select_profile(self.policy, node.metadata.labels or {}, req.node)
         policy = for_node(self.policy, sel.profile)
         return c.PolicySnapshot(name=policy.name, sha256=policy_hash(policy), source=self.snapshot.source,
                                 policy=policy, profile=sel.profile, profile_reason=sel.reason,
-                                cluster=self.snapshot.cluster)
+                                cluster=self.snapshot.cluster, node_check=check)
 
     @activity.defn(name=c.PROFILE_EXPECTATIONS)
     async def expectations(self, req: c.ExpectationsRequest) -> NodeExpectations:

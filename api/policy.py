@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from api.cluster import NodeCheckResult
 from policies.model import Policy
 
 
 class PolicyRequest(BaseModel):
     node: str = Field(default="", description="Who asks (for the controller's log); the answer is the same for all.")
+    check: bool = Field(default=False, description="Also check the node from the same read (`kube.check_node`'s "
+                        "answer in `node_check`): one local activity fewer before a storm's cordons.")
+    boot_id: str | None = Field(default=None, description="With `check`: the boot the report came from.")
 
 
 class PolicySnapshot(BaseModel):
@@ -22,3 +26,5 @@ class PolicySnapshot(BaseModel):
                                 "(None: a controller from before says nothing, the start input's stands).")
     profile: str | None = Field(default=None, description="The node's profile, when one applies (its overrides are in `policy`).")
     profile_reason: str = Field(default="", description="Why the node gets that profile (or none).")
+    node_check: NodeCheckResult | None = Field(default=None, description="What `kube.check_node` would answer, when "
+                                               "asked with `check` (None: not asked, or a controller that cannot say).")

@@ -171,6 +171,9 @@ async def test_reboot_class_fault_end_to_end(dev_env, aws, tmp_path, uniq, cordo
              for e in events if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
              and e.marker_recorded_event_attributes.marker_name == "core_local_activity"]
     assert local.index("kube.quarantine") < local.index("kube.return_to_service"), local
+    # The node was checked with the policy, from one read (one local activity fewer before the cordon).
+    assert "kube.check_node" not in local and local[0] == "policy.current", local
+    assert any(a.step == "kube.check_node" and a.ok for a in status.actions), status.actions
     assert not [e for e in events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED]
 
 

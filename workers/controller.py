@@ -67,7 +67,8 @@ def controller_activities(kube: KubeActivities, cloud: CloudActivities, ledger: 
                           guard: GuardActivities, policy: PolicyActivities) -> list:
     """Every cluster-side activity, in one list: the controller, the simulator and the tests register it.
     The policy is answered per node (its profile applied), from the nodes' labels."""
-    profiles = NodeProfileActivities(kube.core, policy.snapshot.policy, policy.snapshot.source, policy.snapshot.cluster)
+    profiles = NodeProfileActivities(kube.core, policy.snapshot.policy, policy.snapshot.source, policy.snapshot.cluster,
+                                     kube)
     return [kube.quarantine, kube.return_to_service, kube.attribute_pods, kube.drain, kube.event, kube.fleet_size,
             kube.check_node, kube.quarantined_nodes,
             cloud.reboot, cloud.replace, cloud.boot_id, ledger.record, ledger.count_recent, ledger.denylist,

@@ -11,9 +11,11 @@ with workflow.unsafe.imports_passed_through():
     import api as c
     from workflows.calls import call
 
-async def take_controller_policy(node: str) -> c.PolicySnapshot:
-    """Retried until the controller answers: an episode must not act on a policy it was not given."""
-    return await call(c.POLICY_CURRENT, c.PolicyRequest(node=node), c.PolicySnapshot, summary="the controller's policy",
+async def take_controller_policy(node: str, check: bool = False, boot_id: str | None = None) -> c.PolicySnapshot:
+    """Retried until the controller answers: an episode must not act on a policy it was not given.
+    `check`: the node checked as well, from the same read (the answer's `node_check`)."""
+    return await call(c.POLICY_CURRENT, c.PolicyRequest(node=node, check=check, boot_id=boot_id), c.PolicySnapshot,
+                      summary="the controller's policy",
                       timeout=timedelta(seconds=10), max_interval=timedelta(seconds=10), local=True)
 
 

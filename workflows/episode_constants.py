@@ -13,3 +13,5 @@ HOLD_RECHECK_FIRST, HOLD_RECHECK_MAX = timedelta(minutes=5), timedelta(hours=1)
 MAX_ACTIONS_KEPT = 200
 MAX_SEQ_SENDERS_KEPT = 32
 MAX_RUN_IDS_KEPT = 50
+# The controller's policy and the node check come from one local activity and one read of the Node.
+PATCH_POLICY_WITH_CHECK = "policy-with-node-check"

@@ -23,6 +23,7 @@ with workflow.unsafe.imports_passed_through():
     from policies.terms import Rung
     from workflows.controller_policy import ignored_fields, policy_taken, take_controller_policy
     from workflows.episode import node_of
+    from workflows.episode_constants import PATCH_POLICY_WITH_CHECK
     from workflows.episode_handlers import EpisodeHandlers
     from workflows.episode_status import id_refused
     from workflows.outcome import outcome_fields
@@ -48,6 +49,7 @@ class NodeRemediation(EpisodeHandlers, RungActions, RemediationSteps, SuspectChe
         # sent the first report, and is never trusted with the episode's state.
         self.s = (inp.state if workflow.info().continued_run_id else None) or RemediationState()
         self._action_failed = ""  # why the rung just acted could not be done (rungs.py), read once
+        self._checked = None  # (boot id, the node check) the policy came with, read once (remediation_steps.py)
 
     # --- the runbook ---------------------------------------------------------------------------
     @workflow.run
@@ -77,7 +79,13 @@ class NodeRemediation(EpisodeHandlers, RungActions, RemediationSteps, SuspectChe
         policy, GPU count and guard queue in the start input are ignored, and the history says so."""
         if workflow.info().continued_run_id and self.s.policy_sha256:
             return
-        snap = await take_controller_policy(self.node)
+        # With the report at hand (it comes with the start), the node is checked in the same call:
+        # one local activity fewer before a cordon (issue 25's storm). Used once, for that report.
+        report = self.s.latest
+        check = report is not None and workflow.patched(PATCH_POLICY_WITH_CHECK)
+        snap = await take_controller_policy(self.node, check, report.boot_id if check else None)
+        if check and snap.node_check is not None:
+            self._checked = (report.boot_id, snap.node_check)
         # The controller's cluster (so its guard and budget) and history limit, not the sender's.
         trusted = {"policy": snap.policy, "state": None, "expected_gpus": None,
                    "guard_task_queue": workflow.info().task_queue, "node": self.node,

@@ -45,4 +45,6 @@ class Patch:
 PATCHES: MappingProxyType[str, Patch] = MappingProxyType({p.id: p for p in (
     Patch("room-beside-admissions", (GUARD,), "issue 25: storm ratio (a pool's room not taken back while "
           "the room beside it admits every request waiting)"),
+    Patch("policy-with-node-check", (EPISODE,), "issue 25: storm ratio (the node checked in the policy's local "
+          "activity, from one read of the Node)"),
 )})

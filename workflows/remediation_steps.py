@@ -23,14 +23,21 @@ with workflow.unsafe.imports_passed_through():
 
 class RemediationSteps(GuardClient):
     _hold_news: bool = False  # a report came while the node was held
+    _checked: tuple[str | None, c.NodeCheckResult] | None = None  # the check the policy came with (node_remediation.py)
     async def _node_is_ours(self) -> bool:
         """A report for a node that does not exist, or is not a GPU node of ours, ends here: no lease,
         no cordon, no ledger, no denylist. When the API cannot say, the cordon's own checks decide
         whether it exists; whether an earlier episode left it quarantined is unknown then, so it is held for a person until a new report can be checked."""
         # The report's boot: a late one from the host gpuheal replaced is refused by the Node's mark.
         boot = self.s.latest.boot_id if self.s.latest else None
-        found = await self._kube(c.KUBE_CHECK_NODE, c.NodeCheckRequest(node=self.node, boot_id=boot), c.NodeCheckResult,
-                                 f"check {self.node} is a GPU node of this cluster")
+        summary = f"check {self.node} is a GPU node of this cluster"
+        checked, self._checked = self._checked, None
+        if checked is not None and checked[0] == boot:
+            found = checked[1]  # answered with the policy, for this very report
+            self._record(c.KUBE_CHECK_NODE, summary, True)
+        else:
+            found = await self._kube(c.KUBE_CHECK_NODE, c.NodeCheckRequest(node=self.node, boot_id=boot),
+                                     c.NodeCheckResult, summary)
         if found is None:
             if not self.s.held_unchecked:
                 self.s.held_report = self._report_key()

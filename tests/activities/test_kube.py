@@ -132,6 +132,35 @@ async def test_check_node_exists_and_is_ours(kube):
     assert cpu.exists and not cpu.ours and "GPU node selector" in cpu.reason
 
 
+async def test_policy_answers_the_node_check_from_its_own_read(kube):
+    """`policy.current` with `check` answers what `kube.check_node` would, node by node: a GPU node of
+    ours, one left quarantined, a CPU node, a node that is not there, and a late report from a host
+    gpuheal replaced. Without `check` it says nothing of the node."""
+    from activities.node_profile import NodeProfileActivities
+    from policies.loader import default_policy
+
+    k, core, _ = kube
+    k.add_node("g1", labels={"nvidia.com/gpu.present": "true"})
+    k.add_node("cpu1")
+    k.add_node("held", labels={"nvidia.com/gpu.present": "true"})
+    k.add_node("swapped", labels={"nvidia.com/gpu.present": "true"})
+    acts = KubeActivities(core, gpu_node_selector="nvidia.com/gpu.present=true")
+    await run(acts.quarantine, c.QuarantineRequest(node="held", fault_class="hardware", reason="Xid 79"))
+    k.patch("Node", "", "swapped", {"metadata": {"annotations": {c.REPLACED_ANNOTATION: "i-old",
+                                                                  c.REPLACED_BOOT_ANNOTATION: "boot-old"}}},
+            "application/merge-patch+json")
+    seen = {}
+    for policy in (default_policy(), default_policy().model_copy(update={"profiles": {}})):
+        profiles = NodeProfileActivities(core, policy, kube=acts)
+        for node, boot in (("g1", "b1"), ("cpu1", None), ("held", None), ("ghost", None), ("swapped", "boot-old")):
+            snap = await run(profiles.current, c.PolicyRequest(node=node, check=True, boot_id=boot))
+            assert snap.node_check == await run(acts.check_node, c.NodeCheckRequest(node=node, boot_id=boot)), node
+            seen[node] = snap.node_check
+        assert (await run(profiles.current, c.PolicyRequest(node="g1"))).node_check is None
+    assert seen["g1"].ours and seen["held"].quarantined == "hardware" and not seen["ghost"].exists
+    assert not seen["cpu1"].ours and not seen["swapped"].ours and "replaced" in seen["swapped"].reason
+
+
 async def test_fleet_size_counts_gpu_nodes(kube):
     k, core, _ = kube
     for i in range(3):
