@@ -28,8 +28,16 @@ class GuardActivities:
 
     @activity.defn(name=c.GUARD_TAKE_ROOM)
     async def take_room(self, req: c.TakeRoomRequest) -> str:
-        """A local activity: a slot the guard reserved for this controller, or "" (ask the guard)."""
-        return await self.room.take(req.cluster, req.now) if self.room is not None else ""
+        """A local activity: a slot the guard reserved for this controller, or "" (ask the guard).
+        With the episode's notice, the slot is handed out only once the guard took the notice, in
+        the pool's next ask: the episode needs no second local activity to tell it."""
+        token = await self.room.take(req.cluster, req.now) if self.room is not None else ""
+        if token and req.notice is not None:
+            if not await self.room.tell(req.cluster, req.notice.model_copy(update={"room_token": token})):
+                # Not taken, or no echo in time: the slot lapses at the guard (or, taken late, is
+                # this node's there, which the episode's own request then finds admitted).
+                return ""
+        return token
 
     @activity.defn(name=c.GUARD_SIGNAL)
     async def signal_guard(self, req: c.GuardSignalRequest) -> None:

@@ -151,6 +151,9 @@ class RoomGrant(BaseModel):
 class TakeRoomRequest(BaseModel):
     cluster: str
     now: datetime = Field(description="The episode's workflow clock: the guard's clock, on the same server.")
+    notice: FaultNotice | None = Field(default=None, description="The episode's slot notice, its token left empty: "
+                                       "told to the guard with the slot, before the answer. A slot whose notice the "
+                                       "guard did not take is not handed out (it lapses there; the episode asks).")
 
 
 class GuardLivenessRequest(BaseModel):

@@ -15,3 +15,5 @@ MAX_SEQ_SENDERS_KEPT = 32
 MAX_RUN_IDS_KEPT = 50
 # The controller's policy and the node check come from one local activity and one read of the Node.
 PATCH_POLICY_WITH_CHECK = "policy-with-node-check"
+# A slot reserved ahead is handed out with its notice already told to the guard (activities/guard.py).
+PATCH_SLOT_TOLD_WHEN_TAKEN = "slot-told-when-taken"

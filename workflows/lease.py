@@ -26,6 +26,7 @@ with workflow.unsafe.imports_passed_through():
     from policies.durations import format_duration
     from workflows.calls import call_or_none
     from workflows.episode import Episode
+    from workflows.episode_constants import PATCH_SLOT_TOLD_WHEN_TAKEN
     from workflows.report_intake import fault_cleared
 
 RESEND_BACKOFF_CAP = 8  # a waiting episode re-sends its request at most every 8 x holder_check_interval
@@ -162,12 +163,17 @@ class GuardClient(Episode):
     async def _took_room_ahead(self) -> bool:
         """A slot the guard reserved for this controller ahead of demand: counted there already, so
         the cordon needs no round trip. None left (or no pool): the guard is asked."""
+        # The slot's notice goes with the take: the guard has it before the cordon, and the episode
+        # spends no second local activity telling it (issue 25's storm).
+        told = workflow.patched(PATCH_SLOT_TOLD_WHEN_TAKEN)
         token = await call_or_none(lambda why: None, c.GUARD_TAKE_ROOM,
-                                   TakeRoomRequest(cluster=self.inp.cluster, now=workflow.now()), str,
+                                   TakeRoomRequest(cluster=self.inp.cluster, now=workflow.now(),
+                                                   notice=self._fault_notice() if told else None), str,
                                    summary=f"room to quarantine {self.node}, reserved ahead", local=True,
-                                   timeout=timedelta(seconds=5), attempts=1)
+                                   timeout=timedelta(seconds=15 if told else 5), attempts=1)
         if token:
             self.s.admission, self.s.room_token = GuardAnswer.ADMITTED, token
+            self.s.guard_notified = self.s.guard_notified or told
         return bool(token)
 
     async def _tell_guard_the_slot(self) -> None:

@@ -47,4 +47,6 @@ PATCHES: MappingProxyType[str, Patch] = MappingProxyType({p.id: p for p in (
           "the room beside it admits every request waiting)"),
     Patch("policy-with-node-check", (EPISODE,), "issue 25: storm ratio (the node checked in the policy's local "
           "activity, from one read of the Node)"),
+    Patch("slot-told-when-taken", (EPISODE,), "issue 25: storm ratio (a reserved slot handed out with its notice "
+          "told to the guard, in the same local activity)"),
 )})

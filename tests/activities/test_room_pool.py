@@ -117,3 +117,30 @@ async def test_an_empty_pool_waits_for_its_ask_in_flight_not_for_a_guard_without
         assert asyncio.get_running_loop().time() - t0 < 0.2
     finally:
         await pool.close()
+
+
+async def test_a_slot_taken_with_its_notice_is_handed_out_only_once_the_guard_took_the_notice():
+    """guard.take_room with the episode's notice: the token comes back only when the guard echoed
+    the notice under that token; a guard that did not (failed, or on an older build) gives no
+    slot, so the episode asks the guard rather than cordon in room the guard may not count."""
+    from temporalio.testing import ActivityEnvironment
+
+    from activities.guard import GuardActivities
+    from api.guard import TakeRoomRequest
+
+    for guard, handed in ((GuardAnswers(), True), (GuardAnswers(echoes=False), False)):
+        pool = RoomPool(guard, identity="ctl", retry_s=0.01)
+        try:
+            pool.start("c1")
+            for _ in range(100):
+                if pool.held("c1"):
+                    break
+                await asyncio.sleep(0.05)
+            req = TakeRoomRequest(cluster="c1", now=datetime.now(UTC),
+                                  notice=FaultNotice(node="n1", holder="remediate/c1/n1", sent_at=datetime.now(UTC)))
+            token = await ActivityEnvironment().run(GuardActivities(guard, pool).take_room, req)
+            told = [n for ask in guard.asks for n in ask.told]
+            assert [n.node for n in told] == ["n1"] and told[0].room_token, told
+            assert (token == told[0].room_token) if handed else token == "", (token, told)
+        finally:
+            await pool.close()

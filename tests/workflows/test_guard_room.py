@@ -124,6 +124,12 @@ async def test_a_cordon_in_room_reserved_ahead_needs_no_answer_from_the_guard(de
                 if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
                 and e.workflow_execution_signaled_event_attributes.signal_name == HOLDER_SIGNAL_QUARANTINE]
     assert answered == [], "the second cordon took a reserved slot: no round trip to the guard"
+    # Its notice went with the slot, in the take: no local activity of its own before or beside the cordon.
+    local = [json.loads(e.marker_recorded_event_attributes.details["data"].payloads[0].data)["activity_type"]
+             for e in (await h2.fetch_history()).events if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
+             and e.marker_recorded_event_attributes.marker_name == "core_local_activity"]
+    before = local[:local.index("kube.quarantine")]
+    assert "guard.take_room" in before and "guard.signal" not in before, local
     assert (r1.outcome, r2.outcome) == ("returned", "returned")
     # Its slot notice went in the pool's ask (many to one update in a storm), not as a signal.
     told, signalled = [], []
