@@ -33,7 +33,8 @@ class GuardActivities:
         the pool's next ask: the episode needs no second local activity to tell it."""
         token = await self.room.take(req.cluster, req.now) if self.room is not None else ""
         if token and req.notice is not None:
-            if not await self.room.tell(req.cluster, req.notice.model_copy(update={"room_token": token})):
+            told = req.notice.model_copy(update={"room_token": token, "before_cordon": True})
+            if not await self.room.tell(req.cluster, told):
                 # Not taken, or no echo in time: the slot lapses at the guard (or, taken late, is
                 # this node's there, which the episode's own request then finds admitted).
                 return ""

@@ -92,10 +92,13 @@ class RoomPool:
         room.told_wake.set()
         try:
             return await asyncio.wait_for(asyncio.shield(told), timeout=wait_s)
-        except TimeoutError:
+        except (TimeoutError, asyncio.CancelledError) as err:
             # Still queued: taken out so that it is not sent after the episode signalled it itself
-            # (harmless, the guard dedupes by holder, but one message less). In an ask in flight: let it go.
+            # (harmless, the guard dedupes by holder, but one message less), nor applied after a
+            # cancelled take gave no slot. In an ask in flight: let it go.
             room.telling = [(n, f) for n, f in room.telling if f is not told]
+            if isinstance(err, asyncio.CancelledError):
+                raise
             return False
 
     def held(self, cluster: str) -> int:

@@ -85,6 +85,9 @@ class FaultNotice(BaseModel):
                                      "than the guard's latest news of the node is stale (a duplicate, or late).")
     room_token: str = Field(default="", description="The node was cordoned in room the guard had reserved ahead "
                             "(this token): counted at once, with no answer.")
+    before_cordon: bool = Field(default=False, description="With `room_token`: told with the slot, before the cordon. "
+                                "Counted only in a slot the guard still holds; else not taken (no echo in "
+                                "`RoomGrant.took`), and the episode asks for room instead.")
 
 
 class QuarantineAnswer(BaseModel):

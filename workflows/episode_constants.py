@@ -15,5 +15,7 @@ MAX_SEQ_SENDERS_KEPT = 32
 MAX_RUN_IDS_KEPT = 50
 # The controller's policy and the node check come from one local activity and one read of the Node.
 PATCH_POLICY_WITH_CHECK = "policy-with-node-check"
+# ... used only this soon after (a pause between the policy and the triage asks the API again).
+CHECK_FRESH = timedelta(seconds=30)
 # A slot reserved ahead is handed out with its notice already told to the guard (activities/guard.py).
 PATCH_SLOT_TOLD_WHEN_TAKEN = "slot-told-when-taken"

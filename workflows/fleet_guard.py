@@ -105,10 +105,20 @@ class FleetGuard(GuardBooks):
 
     @workflow.signal(name=c.GUARD_SIGNAL_FAULT)
     def fault(self, notice: FaultNotice) -> None:
+        self._take_notice(notice)
+
+    def _take_notice(self, notice: FaultNotice) -> bool:
+        """False: not taken (stale, or told before its cordon in a slot this guard does not hold)."""
+        if notice.before_cordon and notice.room_token and notice.room_token not in self.s.room:
+            # Not cordoned yet: a lapsed or unknown slot (a guard started afresh) gives no room; the
+            # episode, not echoed, asks for room like any other.
+            workflow.logger.warning("guard %s: %s told in an unknown or lapsed slot before its cordon: not taken",
+                                    self.inp.cluster, notice.node[:200])
+            return False
         if not self._news(notice.node, notice.holder, notice.sent_at):
             workflow.logger.warning("guard %s: stale fault notice for %s from %s ignored: newer news from that sender came first",
                                     self.inp.cluster, notice.node[:200], notice.holder[:200])
-            return
+            return False
         if notice.room_token:
             # Cordoned in a slot reserved ahead: the slot becomes the node. One the guard does not
             # hold (lapsed, or a guard started afresh) is counted all the same: the node is cordoned.
@@ -127,6 +137,7 @@ class FleetGuard(GuardBooks):
                 self.s.fault_times.append(workflow.now())
             self.s.unhealthy[notice.node] = notice.holder
         self._wake = True
+        return True
 
     @workflow.update
     def pause(self, reason: str = "", by: str = "") -> GuardStatus:
@@ -162,10 +173,9 @@ class FleetGuard(GuardBooks):
     def reserve_room(self, req: RoomRequest) -> RoomGrant:
         """A controller's room pool reserves, renews and gives back quarantine slots (guard_room.py),
         and brings its episodes' slot notices in one message rather than a signal each."""
-        for notice in req.told:
-            self.fault(notice)
+        took = [n.room_token for n in req.told if self._take_notice(n) or not n.before_cordon]
         grant = self._reserve_room(req)
-        grant.took = [n.room_token for n in req.told]
+        grant.took = took
         return grant
 
     @reserve_room.validator

@@ -49,7 +49,7 @@ class NodeRemediation(EpisodeHandlers, RungActions, RemediationSteps, SuspectChe
         # sent the first report, and is never trusted with the episode's state.
         self.s = (inp.state if workflow.info().continued_run_id else None) or RemediationState()
         self._action_failed = ""  # why the rung just acted could not be done (rungs.py), read once
-        self._checked = None  # (boot id, the node check) the policy came with, read once (remediation_steps.py)
+        self._checked = None  # (boot id, the node check, when) the policy came with, read once (remediation_steps.py)
 
     # --- the runbook ---------------------------------------------------------------------------
     @workflow.run
@@ -85,7 +85,7 @@ class NodeRemediation(EpisodeHandlers, RungActions, RemediationSteps, SuspectChe
         check = report is not None and workflow.patched(PATCH_POLICY_WITH_CHECK)
         snap = await take_controller_policy(self.node, check, report.boot_id if check else None)
         if check and snap.node_check is not None:
-            self._checked = (report.boot_id, snap.node_check)
+            self._checked = (report.boot_id, snap.node_check, workflow.now())
         # The controller's cluster (so its guard and budget) and history limit, not the sender's.
         trusted = {"policy": snap.policy, "state": None, "expected_gpus": None,
                    "guard_task_queue": workflow.info().task_queue, "node": self.node,

@@ -4,7 +4,7 @@ drain. Each verifies its effect, and the do-no-harm rules say when a failed one 
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from temporalio import workflow
 
@@ -17,13 +17,13 @@ with workflow.unsafe.imports_passed_through():
     from policies.findings import HealthReport, condition_since
     from policies.terms import Rung
     from workflows.calls import call_or_none
-    from workflows.episode_constants import HOLD_RECHECK_FIRST, HOLD_RECHECK_MAX
+    from workflows.episode_constants import CHECK_FRESH, HOLD_RECHECK_FIRST, HOLD_RECHECK_MAX
     from workflows.lease import GuardClient
 
 
 class RemediationSteps(GuardClient):
     _hold_news: bool = False  # a report came while the node was held
-    _checked: tuple[str | None, c.NodeCheckResult] | None = None  # the check the policy came with (node_remediation.py)
+    _checked: tuple[str | None, c.NodeCheckResult, datetime] | None = None  # the check the policy came with (node_remediation.py)
     async def _node_is_ours(self) -> bool:
         """A report for a node that does not exist, or is not a GPU node of ours, ends here: no lease,
         no cordon, no ledger, no denylist. When the API cannot say, the cordon's own checks decide
@@ -32,8 +32,8 @@ class RemediationSteps(GuardClient):
         boot = self.s.latest.boot_id if self.s.latest else None
         summary = f"check {self.node} is a GPU node of this cluster"
         checked, self._checked = self._checked, None
-        if checked is not None and checked[0] == boot:
-            found = checked[1]  # answered with the policy, for this very report
+        if checked is not None and checked[0] == boot and workflow.now() - checked[2] <= CHECK_FRESH:
+            found = checked[1]  # answered with the policy, for this very report, moments ago
             self._record(c.KUBE_CHECK_NODE, summary, True)
         else:
             found = await self._kube(c.KUBE_CHECK_NODE, c.NodeCheckRequest(node=self.node, boot_id=boot),

@@ -161,6 +161,24 @@ async def test_policy_answers_the_node_check_from_its_own_read(kube):
     assert not seen["cpu1"].ours and not seen["swapped"].ours and "replaced" in seen["swapped"].reason
 
 
+async def test_a_node_check_the_api_cannot_finish_leaves_the_policy_answered(kube):
+    """A check that fails (the selector listing refused, say) is not the policy's failure: the
+    snapshot comes without it, and the episode asks `kube.check_node`, whose failure holds the node."""
+    from activities.node_profile import NodeProfileActivities
+    from policies.loader import default_policy
+
+    class Refused(KubeActivities):
+        async def node_check(self, req, n):
+            raise client.exceptions.ApiException(status=403, reason="Forbidden")
+
+    k, core, _ = kube
+    k.add_node("g1", labels={"nvidia.com/gpu.present": "true"})
+    for policy in (default_policy(), default_policy().model_copy(update={"profiles": {}})):
+        profiles = NodeProfileActivities(core, policy, kube=Refused(core, gpu_node_selector="nvidia.com/gpu.present=true"))
+        snap = await run(profiles.current, c.PolicyRequest(node="g1", check=True))
+        assert snap.node_check is None and snap.policy.name == policy.name
+
+
 async def test_fleet_size_counts_gpu_nodes(kube):
     k, core, _ = kube
     for i in range(3):

@@ -9,9 +9,10 @@ import json
 from datetime import UTC, datetime, timedelta
 
 from temporalio.api.enums.v1 import EventType
+from temporalio.service import RPCError
 
 from activities.room_pool import RoomPool
-from api.guard import GuardState, RoomRequest
+from api.guard import FaultNotice, GuardState, RoomGrant, RoomRequest
 from api.names import (
     GUARD_SIGNAL_FAULT,
     GUARD_UPDATE_RESERVE_ROOM,
@@ -143,6 +144,42 @@ async def test_a_cordon_in_room_reserved_ahead_needs_no_answer_from_the_guard(de
             if a.signal_name == GUARD_SIGNAL_FAULT:
                 signalled += [n.get("node") for p in a.input.payloads if (n := json.loads(p.data)).get("room_token")]
     assert second.name in told and second.name not in signalled, (told, signalled)
+
+
+async def test_a_notice_told_before_its_cordon_counts_only_in_a_slot_the_guard_holds(dev_env, uniq):
+    """A slot's notice told with the take, before the cordon: in a slot the guard holds it is taken
+    (echoed, the node counted); in one it does not hold (lapsed, or a guard started afresh), it is
+    neither counted nor echoed, so the episode asks for room and the guard's limit decides."""
+    fleet = pooled_fleet(dev_env, uniq, 5)
+    first = fleet.add(FakeNode(f"first-{uniq}", [xid(48)], cured_by="reset"))
+    async with fleet.workers():
+        await fleet.report(first.name)  # starts the guard
+        guard = dev_env.client.get_workflow_handle(guard_workflow_id(fleet.cluster))
+
+        async def ask(told: list[FaultNotice], want: int = 0) -> RoomGrant:
+            return await guard.execute_update(GUARD_UPDATE_RESERVE_ROOM, RoomRequest(
+                controller=f"probe-{uniq}", want=want, told=told), result_type=RoomGrant)
+
+        given: list[str] = []
+
+        async def room_given() -> bool:
+            try:
+                given[:] = (await ask([], want=1)).held
+            except RPCError:
+                return False  # the guard starts with the first episode's notice
+            return bool(given)
+
+        await wait_for(room_given, timeout=20)
+        token = given[0]
+        now = datetime.now(UTC)
+        unknown = FaultNotice(node=f"ghost-{uniq}", holder=f"remediate/{fleet.cluster}/ghost-{uniq}", sent_at=now,
+                              room_token="no-such-slot", before_cordon=True)
+        held = FaultNotice(node=f"held-{uniq}", holder=f"remediate/{fleet.cluster}/held-{uniq}", sent_at=now,
+                           room_token=token, before_cordon=True)
+        grant = await ask([unknown, held])
+        st = await guard_status(fleet)
+    assert grant.took == [token], grant
+    assert f"held-{uniq}" in st.unhealthy and f"ghost-{uniq}" not in st.unhealthy, st.unhealthy
 
 
 async def test_a_storm_through_reserved_room_never_passes_max_unhealthy(dev_env, uniq):
