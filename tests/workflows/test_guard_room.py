@@ -138,7 +138,8 @@ async def test_a_cordon_in_room_reserved_ahead_needs_no_answer_from_the_guard(de
         if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED:
             req = e.workflow_execution_update_accepted_event_attributes.accepted_request.input
             if req.name == GUARD_UPDATE_RESERVE_ROOM:
-                told += [n["node"] for p in req.args.payloads for n in json.loads(p.data).get("told", [])]
+                told += [n["node"] for p in req.args.payloads for n in json.loads(p.data).get("told", [])
+                         if n.get("before_cordon")]  # told with the take, before the cordon
         elif e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
             a = e.workflow_execution_signaled_event_attributes
             if a.signal_name == GUARD_SIGNAL_FAULT:
