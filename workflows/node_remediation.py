@@ -49,7 +49,6 @@ class NodeRemediation(EpisodeHandlers, RungActions, RemediationSteps, SuspectChe
         # sent the first report, and is never trusted with the episode's state.
         self.s = (inp.state if workflow.info().continued_run_id else None) or RemediationState()
         self._action_failed = ""  # why the rung just acted could not be done (rungs.py), read once
-        self._checked = None  # (boot id, the node check, when) the policy came with, read once (remediation_steps.py)
 
     # --- the runbook ---------------------------------------------------------------------------
     @workflow.run

@@ -23,7 +23,8 @@ with workflow.unsafe.imports_passed_through():
 
 class RemediationSteps(GuardClient):
     _hold_news: bool = False  # a report came while the node was held
-    _checked: tuple[str | None, c.NodeCheckResult, datetime] | None = None  # the check the policy came with (node_remediation.py)
+    # (boot id, the node check, when) the policy came with (node_remediation.py), read once here
+    _checked: tuple[str | None, c.NodeCheckResult, datetime] | None = None
     async def _node_is_ours(self) -> bool:
         """A report for a node that does not exist, or is not a GPU node of ours, ends here: no lease,
         no cordon, no ledger, no denylist. When the API cannot say, the cordon's own checks decide
