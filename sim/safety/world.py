@@ -96,12 +96,10 @@ class SafetyWorld(WorkerSwitches, FakeFleet):
         return self.log[-1]
 
     # --- kube ------------------------------------------------------------------------------------
-    @activity.defn(name=c.KUBE_CHECK_NODE)
-    async def check_node(self, req: c.NodeCheckRequest) -> c.NodeCheckResult:
-        n = self.nodes.get(req.node)
-        if n is not None and n.exists and not n.ours:
+    def _checked(self, n: SimNode, boot_id: str | None) -> c.NodeCheckResult:
+        if not n.ours:
             return c.NodeCheckResult(exists=True, ours=False, reason=f"{n.name} is not a GPU node of this cluster")
-        return await super().check_node(req)
+        return super()._checked(n, boot_id)
 
     @activity.defn(name=c.KUBE_QUARANTINE)
     async def quarantine(self, req: c.QuarantineRequest) -> c.QuarantineResult:
@@ -205,7 +203,7 @@ class SafetyWorld(WorkerSwitches, FakeFleet):
         self.policy_asked += 1
         policy = self.policy.model_copy(deep=True)
         jitter(policy, random.Random(f"{self.sched.seed}/{req.node}/{self.policy_asked}"))
-        return PolicyActivities(policy, "safety", self.cluster).snapshot
+        return await self._with_node_check(PolicyActivities(policy, "safety", self.cluster).snapshot, req)
 
     # --- ledger and guard ----------------------------------------------------------------------------
     @activity.defn(name=c.LEDGER_DENYLIST)

@@ -24,4 +24,20 @@ class FakeLedger(MemoryLedger):
         policy = self.policy
         if self.history_limit is not None:  # the limit is the controller's policy's, never a sender's
             policy = policy.model_copy(update={"history_limit": self.history_limit})
-        return PolicyActivities(policy, "test", self.cluster).snapshot
+        return await self._with_node_check(PolicyActivities(policy, "test", self.cluster).snapshot, req)
+
+    async def _with_node_check(self, snap: c.PolicySnapshot, req: c.PolicyRequest) -> c.PolicySnapshot:
+        """As the controller's policy.current (activities/node_profile.py): asked with `check`, it
+        answers what kube.check_node would from its own read of the Node. Where that read fails (a
+        kube.check_node failure injected: one API server fails both), it says nothing, and the
+        episode asks kube.check_node itself. Nothing is recorded as a call: the read changes nothing."""
+        if not req.check:
+            return snap
+        n = self.nodes.get(req.node)
+        if n is None or not n.exists:
+            found = c.NodeCheckResult(exists=False, ours=False, reason=f"node {req.node} does not exist")
+        elif "kube.check_node" in n.fail:
+            found = None
+        else:
+            found = self._checked(n, req.boot_id)
+        return snap.model_copy(update={"node_check": found})

@@ -143,11 +143,15 @@ class FakeFleet(FakeAgentActivities, FakeLedger):
         if n is None or not n.exists:
             return c.NodeCheckResult(exists=False, ours=False, reason=f"node {req.node} does not exist")
         self._node(req)
-        said = re.search(r"-(\d+)$", req.boot_id or "")  # boot-<node>-N (agent) or kubelet-N (watcher)
+        return self._checked(n, req.boot_id)
+
+    def _checked(self, n: FakeNode, boot_id: str | None) -> c.NodeCheckResult:
+        """kube.check_node's answer for a node that exists, recording nothing (policy.current gives it too)."""
+        said = re.search(r"-(\d+)$", boot_id or "")  # boot-<node>-N (agent) or kubelet-N (watcher)
         said = int(said[1]) if said else None
         if n.replaced_boot is not None and said is not None and (said == n.replaced_boot or said != n.boot):
             return c.NodeCheckResult(exists=True, ours=False, reason=f"node {n.name} was replaced: the report's "
-                                     f"boot {req.boot_id} is its old host's")
+                                     f"boot {boot_id} is its old host's")
         if n.replaced_boot == n.boot:  # as kube.check_node reads the replaced annotation
             return c.NodeCheckResult(exists=True, ours=False, reason=f"node {n.name} was replaced: reports from its "
                                      "old host start nothing")

@@ -117,3 +117,27 @@ def test_the_recheck_doubles_up_to_an_hour():
         steps.s.held_unchecked = unanswered
         waits.append(steps._recheck_in())
     assert waits == [timedelta(minutes=m) for m in (5, 10, 20, 40, 60, 60, 60)]
+
+
+async def test_the_policy_answers_the_node_check_held_and_replaced_alike(ts_env, uniq):
+    """The controller's policy.current answers the node check with the policy (as the stand-in
+    fleet does now, like the real one): a node an earlier episode left quarantined is held, and a
+    late report from a replaced host is refused, with no kube.check_node call, and the triage
+    records the check all the same."""
+    fleet = make_fleet(ts_env, uniq)
+    held = fleet.add(FakeNode(f"was-held-{uniq}", [xid(48)], cured_by="reset", cordoned=True))
+    # The report comes from boot 0, the host gpuheal replaced: its Node now runs boot 1.
+    old = fleet.add(FakeNode(f"old-host-{uniq}", [xid(48)], cured_by="reset", replaced_boot=0, boot=0))
+    async with fleet.workers():
+        handle = await fleet.report(held.name)
+        await wait_until_held(handle)
+        st = await handle.query(NodeRemediation.status)
+        assert "from an earlier episode" in st.held, st.held
+        await handle.execute_update(NodeRemediation.lift, args=["checked by hand", "alice"])
+        await handle.result()
+        refused = await (await fleet.report(old.name)).result()
+    assert refused.outcome == "rejected" and "replaced" in refused.reason, refused.reason
+    for n in (held, old):
+        assert "kube.check_node" not in n.calls, (n.name, n.calls)
+    assert any(a.step == "kube.check_node" and a.ok for a in st.actions), st.actions
+    assert not any(x in old.calls for x in ("kube.quarantine", "kube.drain", "node.reset_gpu")), old.calls
