@@ -135,7 +135,10 @@ async def test_the_policy_answers_the_node_check_held_and_replaced_alike(ts_env,
         assert "from an earlier episode" in st.held, st.held
         await handle.execute_update(NodeRemediation.lift, args=["checked by hand", "alice"])
         await handle.result()
+        history = await handle.fetch_history()
         refused = await (await fleet.report(old.name)).result()
+    # The check answered with the policy (patch policy-with-node-check) replays on this code.
+    await Replayer(workflows=[NodeRemediation], data_converter=pydantic_data_converter).replay_workflow(history)
     assert refused.outcome == "rejected" and "replaced" in refused.reason, refused.reason
     for n in (held, old):
         assert "kube.check_node" not in n.calls, (n.name, n.calls)
