@@ -20,6 +20,7 @@ class SimNode(FakeNode):
     genuine: list[Finding] = field(default_factory=list)  # every finding this node's own agent reported
     watched: list[Finding] = field(default_factory=list)  # what the condition watchers reported (node-wide)
     cordoned_by_other: bool = False
+    tainted: bool = False  # gpuheal's quarantine taint: what kube.check_node and the guard's reconcile look for
     replaced: bool = False
     admitted: bool = True
 

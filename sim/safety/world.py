@@ -99,7 +99,11 @@ class SafetyWorld(WorkerSwitches, FakeFleet):
     def _checked(self, n: SimNode, boot_id: str | None) -> c.NodeCheckResult:
         if not n.ours:
             return c.NodeCheckResult(exists=True, ours=False, reason=f"{n.name} is not a GPU node of this cluster")
-        return super()._checked(n, boot_id)
+        found = super()._checked(n, boot_id)
+        if found.ours and not n.tainted:
+            # As the real check: held only by gpuheal's own taint, not by a cordon someone else set.
+            found = found.model_copy(update={"quarantined": None})
+        return found
 
     @activity.defn(name=c.KUBE_QUARANTINE)
     async def quarantine(self, req: c.QuarantineRequest) -> c.QuarantineResult:
@@ -108,6 +112,7 @@ class SafetyWorld(WorkerSwitches, FakeFleet):
         changed = not n.cordoned
         if not req.dry_run:
             n.cordoned = True
+            n.tainted = n.tainted or req.taint_key == c.QUARANTINE_TAINT
         return c.QuarantineResult(node=n.name, changed=changed, cordoned_at=datetime.now(UTC), dry_run=req.dry_run)
 
     @activity.defn(name=c.KUBE_RETURN_TO_SERVICE)
@@ -115,11 +120,14 @@ class SafetyWorld(WorkerSwitches, FakeFleet):
         n = self._node(req)
         if req.dry_run:
             return c.ReturnToServiceResult(node=n.name, changed=False, dry_run=True)
-        # As the real activity: a cordon someone else set before gpuheal stays.
-        n.cordoned = n.cordoned_by_other
+        if c.QUARANTINE_TAINT in req.taint_keys:
+            n.tainted = False
+        # As the real activity: a cordon someone else set before gpuheal stays, and so does one
+        # gpuheal's quarantine taint still holds (an admission's uncordon lifts only its own taint).
+        n.cordoned = n.cordoned_by_other or n.tainted
         if c.UNVALIDATED_TAINT in req.taint_keys:
             n.admitted = True
-        return c.ReturnToServiceResult(node=n.name, changed=True, left_cordoned=n.cordoned_by_other)
+        return c.ReturnToServiceResult(node=n.name, changed=True, left_cordoned=n.cordoned)
 
     @activity.defn(name=c.KUBE_DRAIN)
     async def drain(self, req: c.DrainRequest) -> c.DrainResult:
@@ -129,7 +137,7 @@ class SafetyWorld(WorkerSwitches, FakeFleet):
 
     @activity.defn(name=c.KUBE_QUARANTINED_NODES)
     async def quarantined_nodes(self) -> list[str]:
-        return sorted(n.name for n in self.nodes.values() if n.cordoned and not n.cordoned_by_other)
+        return sorted(n.name for n in self.nodes.values() if n.tainted)
 
     # --- cloud -----------------------------------------------------------------------------------
     @activity.defn(name=c.CLOUD_REBOOT)
