@@ -96,10 +96,11 @@ class SafetyWorld(WorkerSwitches, FakeFleet):
         return self.log[-1]
 
     # --- kube ------------------------------------------------------------------------------------
-    def _checked(self, n: SimNode, boot_id: str | None) -> c.NodeCheckResult:
-        if not n.ours:
+    def _checked(self, node: str, boot_id: str | None) -> c.NodeCheckResult:
+        n = self.nodes.get(node)
+        if n is not None and n.exists and not n.ours:
             return c.NodeCheckResult(exists=True, ours=False, reason=f"{n.name} is not a GPU node of this cluster")
-        found = super()._checked(n, boot_id)
+        found = super()._checked(node, boot_id)
         if found.ours and not n.tainted:
             # As the real check: held only by gpuheal's own taint, not by a cordon someone else set.
             found = found.model_copy(update={"quarantined": None})

@@ -140,13 +140,15 @@ class FakeFleet(FakeAgentActivities, FakeLedger):
     @activity.defn(name=c.KUBE_CHECK_NODE)
     async def check_node(self, req: c.NodeCheckRequest) -> c.NodeCheckResult:
         n = self.nodes.get(req.node)
-        if n is None or not n.exists:
-            return c.NodeCheckResult(exists=False, ours=False, reason=f"node {req.node} does not exist")
-        self._node(req)
-        return self._checked(n, req.boot_id)
+        if n is not None and n.exists:
+            self._node(req)  # recorded, and an injected failure raises, as any call on a node
+        return self._checked(req.node, req.boot_id)
 
-    def _checked(self, n: FakeNode, boot_id: str | None) -> c.NodeCheckResult:
-        """kube.check_node's answer for a node that exists, recording nothing (policy.current gives it too)."""
+    def _checked(self, node: str, boot_id: str | None) -> c.NodeCheckResult:
+        """kube.check_node's answer, recording nothing (policy.current gives it too)."""
+        n = self.nodes.get(node)
+        if n is None or not n.exists:
+            return c.NodeCheckResult(exists=False, ours=False, reason=f"node {node} does not exist")
         said = re.search(r"-(\d+)$", boot_id or "")  # boot-<node>-N (agent) or kubelet-N (watcher)
         said = int(said[1]) if said else None
         if n.replaced_boot is not None and said is not None and (said == n.replaced_boot or said != n.boot):
